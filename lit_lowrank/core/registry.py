@@ -1,0 +1,144 @@
+"""The method registry: one line per method, read by the CLI, the README and the tests.
+
+Every method issue turns its ``planned`` line into an implemented one by filling in
+``component`` (the dotted path of the callback / mixin / adapter / op / engine) and
+the paths of its config and benchmark. The contract suite in ``tests/methods/``
+parametrises over :func:`implemented_methods`; ``lit-lowrank methods`` prints
+:func:`methods_table`. Deleting a method means deleting its files and its line here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+InjectionKind = Literal["callback", "mixin", "adapter", "op", "engine"]
+KINDS: tuple[str, ...] = ("callback", "mixin", "adapter", "op", "engine")
+TASKS: tuple[str, ...] = (
+    "classification", "language_model", "graph", "rl", "diffusion", "tomography", "fewshot",
+)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """What the project knows about one method.
+
+    Attributes:
+        name: registry key, also the ``method/<name>/...`` logging prefix and the
+            benchmark / card / config file stem.
+        title: one-line description for the README table.
+        kind: injection kind (DESIGN.md): callback, mixin, adapter, op or engine.
+        tasks: task families the method runs on.
+        issue: the tracking issue number.
+        component: dotted path of the public class/function; ``None`` while planned.
+        config: the CPU config on the embedded default (relative to the repo root).
+        baseline_config: the config of its main baseline.
+        benchmark: name for ``lit-lowrank bench`` (``lit_lowrank/benchmarks/<name>.py``).
+        contract: dotted path of a zero-argument factory returning a
+            ``ContractCase`` (see ``tests/methods/``) that builds the method on a plain
+            LightningModule; ``None`` for ops/engines that do not act inside ``fit``.
+        stateful: a callback whose ``state_dict`` must survive save/resume.
+        structural: changes the module's structure (idempotent, rebuilt on reload).
+        ddp: declared to run under a 2-process CPU DDP fit.
+    """
+
+    name: str
+    title: str
+    kind: InjectionKind
+    tasks: tuple[str, ...]
+    issue: int
+    component: str | None = None
+    config: str | None = None
+    baseline_config: str | None = None
+    benchmark: str | None = None
+    contract: str | None = None
+    stateful: bool = False
+    structural: bool = False
+    ddp: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"MethodSpec {self.name!r}: kind={self.kind!r}, expected one of {KINDS}.")
+        unknown = [t for t in self.tasks if t not in TASKS]
+        if unknown:
+            raise ValueError(f"MethodSpec {self.name!r}: unknown tasks {unknown}, expected among {TASKS}.")
+
+    @property
+    def status(self) -> str:
+        return "implemented" if self.component else "planned"
+
+
+_REGISTRY: dict[str, MethodSpec] = {}
+
+
+def register_method(spec: MethodSpec, *, replace: bool = False) -> MethodSpec:
+    """Add ``spec`` to the registry (``replace=True`` to overwrite an entry)."""
+    if spec.name in _REGISTRY and not replace:
+        raise ValueError(f"Method {spec.name!r} is already registered; pass replace=True to overwrite it.")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def unregister_method(name: str) -> None:
+    """Remove ``name`` from the registry (used by tests that register temporary methods)."""
+    _REGISTRY.pop(name, None)
+
+
+def get_method(name: str) -> MethodSpec:
+    """The spec registered under ``name``."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"Unknown method {name!r}; registered: {sorted(_REGISTRY)}.") from None
+
+
+def all_methods() -> list[MethodSpec]:
+    """Every registered method, in registration order."""
+    return list(_REGISTRY.values())
+
+
+def implemented_methods() -> list[MethodSpec]:
+    """Registered methods whose component exists (the contract suite's parameters)."""
+    return [m for m in _REGISTRY.values() if m.status == "implemented"]
+
+
+def methods_table() -> list[dict[str, str]]:
+    """Rows for ``lit-lowrank methods`` and the README method table."""
+    return [
+        {
+            "method": m.name,
+            "what": m.title,
+            "kind": m.kind,
+            "tasks": ", ".join(m.tasks),
+            "status": m.status,
+            "issue": f"#{m.issue}",
+        }
+        for m in _REGISTRY.values()
+    ]
+
+
+def _planned(name: str, title: str, kind: InjectionKind, tasks: tuple[str, ...], issue: int) -> None:
+    register_method(MethodSpec(name=name, title=title, kind=kind, tasks=tasks, issue=issue))
+
+
+# One line per method. A method issue replaces its line with a full MethodSpec.
+_planned("fb_temporal", "Forward-backward representations with temporal abstraction", "engine", ("rl",), 17)
+_planned("specdrop", "SpecDrop fixed parameter-free branch routing", "mixin", ("classification", "language_model"), 4)
+_planned("specblock", "SpecBlock block-iterative speculative-decoding drafter", "engine", ("language_model",), 9)
+_planned("nn_qst", "Neural-network quantum state tomography, max-sliced W1", "engine", ("tomography",), 19)
+_planned("fed_lowshot", "Federated low-shot intrusion detection with a prior bank", "engine", ("fewshot",), 20)
+_planned("castor", "Castor self-tuning graph filter with routing and momentum", "op", ("graph",), 16)
+_planned("camel", "CAMEL Creator-Appraiser meta-learning of new concepts", "engine", ("diffusion",), 15)
+_planned("polar_vbll", "PoLAR adapters with a variational Bayesian last layer", "adapter", ("classification", "language_model"), 6)
+_planned("safecut", "SafeCut cut-statistic gated mutual correction (SFDA)", "callback", ("classification",), 8)
+_planned("sama", "SaMA relaxed-Kronecker adapter", "adapter", ("classification", "language_model"), 5)
+_planned("stac_r", "STAC-R saved-activation compression with SSP", "callback", ("classification", "language_model"), 3)
+_planned("stable_rank", "Stable rank reward, Best-of-N and SR-GRPO", "op", ("language_model",), 11)
+_planned("spirit", "SPIRIT online layer-skipping self-speculative decoding", "engine", ("language_model",), 10)
+_planned("sphquant", "SPHQuant spherical weight-only quantization", "engine", ("language_model",), 12)
+_planned("sds_lora", "SDS-LoRA singular-direction-scaled LoRA gradients", "adapter", ("classification", "language_model"), 5)
+_planned("sd_lora", "SD-LoRA structural distillation for few-shot CLIP", "adapter", ("fewshot",), 7)
+_planned("sara", "SARA step-adaptive SVD rank for diffusion inference", "callback", ("diffusion",), 14)
+_planned("rubiconv", "RubiConv exact boundary-respecting packed FFT convolution", "op", ("language_model",), 18)
+_planned("moe_quant", "MoE MXFP4 QAT with routing replay and load-aware compensation", "callback", ("language_model",), 13)
