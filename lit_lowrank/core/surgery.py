@@ -49,6 +49,9 @@ def find_modules(
         types: keep only instances of these types.
         param: the user-facing parameter name used in the error message.
 
+    Modules nested inside a module tagged by :func:`mark_replaced` are never
+    returned, so a second application of a surgery sees only its own wrappers.
+
     Raises:
         ValueError: when nothing matches, naming the parameter, the value and a few
             of the module names that exist.
@@ -70,10 +73,14 @@ def find_modules(
         def name_ok(name: str) -> bool:
             return any(name == t or name.endswith("." + t) for t in names)
 
+    # Modules inside a replaced module belong to the replacement (e.g. the original
+    # Linear kept as ``.base``): matching them again would wrap twice.
+    replaced = [n for n, m in model.named_modules() if n and is_replaced(m)]
     found = [
         (name, module)
         for name, module in model.named_modules()
         if name and name_ok(name) and (types is None or isinstance(module, types))
+        and not any(name.startswith(r + ".") for r in replaced)
     ]
     if not found:
         candidates = [n for n, m in model.named_modules() if n and (types is None or isinstance(m, types))]

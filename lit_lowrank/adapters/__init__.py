@@ -1,0 +1,1 @@
+"""adapters: see DESIGN.md (filled by the method issues)."""

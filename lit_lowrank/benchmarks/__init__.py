@@ -1,0 +1,1 @@
+"""One module per method: ``lit-lowrank bench NAME`` (see :mod:`lit_lowrank.benchmarks.harness`)."""

@@ -1,0 +1,1 @@
+"""decoding: see DESIGN.md (filled by the method issues)."""

@@ -1,0 +1,1 @@
+"""federated: see DESIGN.md (filled by the method issues)."""

@@ -1,0 +1,1 @@
+"""mixins: see DESIGN.md (filled by the method issues)."""

@@ -1,0 +1,1 @@
+"""quant: see DESIGN.md (filled by the method issues)."""

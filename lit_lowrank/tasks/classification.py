@@ -1,0 +1,113 @@
+"""ClassificationModule: image (or token) classification with optional category tags."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import torchmetrics
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import Tensor, nn
+
+from lit_lowrank.core.loss_hooks import apply_loss_hooks
+from lit_lowrank.tasks.base import TaskModule
+
+
+class ClassificationModule(TaskModule):
+    """Backbone → features → linear head, trained with cross-entropy.
+
+    Batches are dicts ``{"x": (B, ...), "y": (B,), "category": (B,) optional}``
+    (the lit_lowrank datamodules produce them). ``training_step`` passes the loss
+    through :func:`~lit_lowrank.core.apply_loss_hooks` with ``outputs`` carrying
+    ``logits``, ``features`` and ``category``.
+
+    Args:
+        backbone: a name from :data:`lit_lowrank.models.BACKBONES` (``"mlp"``,
+            ``"cnn_small"``, ``"resnet110_cifar"``, ...) or any ``timm`` model name;
+            or an ``nn.Module`` with a ``num_features`` attribute that maps inputs to
+            ``(B, num_features)``.
+        num_classes: number of classes.
+        in_chans: input channels (images).
+        backbone_kwargs: extra keyword arguments for the backbone builder.
+        pretrained_path: local weights file for the backbone (never a hub).
+        label_smoothing: cross-entropy label smoothing.
+
+    .. code-block:: python
+
+        model = ClassificationModule(backbone="cnn_small", num_classes=10, in_chans=1)
+        trainer = L.Trainer(max_epochs=1, callbacks=[MyMethod()])
+        trainer.fit(model, datamodule=DigitsDataModule())
+    """
+
+    def __init__(
+        self,
+        backbone: str | nn.Module = "mlp",
+        num_classes: int = 10,
+        in_chans: int = 3,
+        backbone_kwargs: dict[str, Any] | None = None,
+        pretrained_path: str | None = None,
+        label_smoothing: float = 0.0,
+        optimizer: OptimizerCallable = torch.optim.AdamW,
+        lr_scheduler: LRSchedulerCallable | None = None,
+        lr_scheduler_interval: str = "epoch",
+    ) -> None:
+        super().__init__(optimizer, lr_scheduler, lr_scheduler_interval)
+        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        if num_classes < 2:
+            raise ValueError(f"`num_classes`={num_classes}, expected an integer >= 2.")
+        if isinstance(backbone, str):
+            from lit_lowrank.models import build_backbone
+
+            backbone = build_backbone(backbone, in_chans=in_chans, pretrained_path=pretrained_path, **(backbone_kwargs or {}))
+        num_features = getattr(backbone, "num_features", None)
+        if not isinstance(num_features, int):
+            raise ValueError(
+                f"`backbone` ({type(backbone).__name__}) must expose an integer `num_features` "
+                "(the width of the features it returns)."
+            )
+        self.backbone = backbone
+        self.head = nn.Linear(num_features, num_classes)
+        self.label_smoothing = label_smoothing
+        metric = lambda: torchmetrics.Accuracy(task="multiclass", num_classes=num_classes)  # noqa: E731
+        self.train_acc, self.val_acc, self.test_acc = metric(), metric(), metric()
+        self.val_ece = torchmetrics.CalibrationError(task="multiclass", num_classes=num_classes, n_bins=15, norm="l1")
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Logits ``(B, num_classes)``."""
+        return self.head(self.backbone(x))
+
+    def step(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Forward a batch; returns the ``outputs`` dict shared with methods."""
+        if not isinstance(batch, dict) or "x" not in batch or "y" not in batch:
+            raise ValueError(
+                "ClassificationModule expects dict batches with keys 'x' and 'y' "
+                f"(and optionally 'category'); got {type(batch).__name__}"
+                + (f" with keys {sorted(batch)}" if isinstance(batch, dict) else "")
+            )
+        features = self.backbone(batch["x"])
+        logits = self.head(features)
+        loss = F.cross_entropy(logits, batch["y"], label_smoothing=self.label_smoothing)
+        return {"loss": loss, "logits": logits, "features": features, "category": batch.get("category")}
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        outputs = self.step(batch)
+        loss = apply_loss_hooks(self, batch, outputs, outputs["loss"])
+        self.train_acc(outputs["logits"].detach(), batch["y"])
+        self.log_split("train", {"loss": loss, "acc": self.train_acc}, batch_size=batch["y"].numel())
+        return loss
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        outputs = self.step(batch)
+        self.val_acc(outputs["logits"], batch["y"])
+        self.val_ece(outputs["logits"].softmax(-1), batch["y"])
+        self.log_split("val", {"loss": outputs["loss"], "acc": self.val_acc, "ece": self.val_ece},
+                       batch_size=batch["y"].numel())
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        outputs = self.step(batch)
+        self.test_acc(outputs["logits"], batch["y"])
+        self.log_split("test", {"loss": outputs["loss"], "acc": self.test_acc}, batch_size=batch["y"].numel())
+
+    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        return self(batch["x"]).softmax(-1)

@@ -1,0 +1,78 @@
+"""The contextual SBM generator: homophily controlled by phi, seeded, a clean undirected graph."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch_geometric.utils import contains_self_loops, is_undirected
+
+from lit_lowrank.datamodules.csbm import contextual_sbm, csbm_parameters, edge_homophily
+
+
+def _mean_homophily(phi, seeds=(0, 1, 2), **kwargs):
+    values = []
+    for seed in seeds:
+        data = contextual_sbm(phi=phi, seed=seed, **kwargs)
+        values.append(edge_homophily(data.edge_index, data.y))
+    return sum(values) / len(values)
+
+
+def test_homophily_increases_with_phi():
+    phis = [-1.0, -0.5, 0.0, 0.5, 1.0]
+    values = [_mean_homophily(phi) for phi in phis]
+    assert values[0] < 0.3 and values[-1] > 0.7
+    assert all(a < b for a, b in zip(values, values[1:]))
+
+
+def test_homophily_matches_its_expectation():
+    # E[h] = 1/2 + lambda / (2 sqrt(d)) for the within/across edge probabilities.
+    for phi in (-0.5, 0.5):
+        lam, _ = csbm_parameters(phi, 2000, 100, 3.25)
+        expected = 0.5 + lam / (2 * math.sqrt(5.0))
+        assert abs(_mean_homophily(phi, num_nodes=2000) - expected) < 0.03
+
+
+def test_graph_shape_degree_and_balance():
+    data = contextual_sbm(num_nodes=1000, num_features=50, phi=0.3, seed=0)
+    assert data.x.shape == (1000, 50) and data.x.dtype == torch.float32
+    assert data.y.dtype == torch.long and data.y.bincount().tolist() == [500, 500]
+    assert is_undirected(data.edge_index, num_nodes=1000)
+    assert not contains_self_loops(data.edge_index)
+    assert abs(data.edge_index.shape[1] / 1000 - 5.0) < 0.5  # average degree ~ avg_degree
+    assert data.edge_index.unique(dim=1).shape == data.edge_index.shape  # no duplicate edges
+
+
+def test_features_carry_the_label_when_phi_is_zero():
+    # phi = 0 puts all signal in the features: the class-mean difference separates the classes.
+    data = contextual_sbm(num_nodes=1000, num_features=100, phi=0.0, seed=0)
+    direction = data.x[data.y == 1].mean(0) - data.x[data.y == 0].mean(0)
+    score = data.x @ direction
+    accuracy = ((score > score.median()).long() == data.y).float().mean()
+    assert accuracy > 0.75
+    # phi = 1: no feature signal (mu = 0), so features are pure noise of variance 1/f.
+    noise = contextual_sbm(num_nodes=1000, num_features=100, phi=1.0, seed=0)
+    assert abs(float(noise.x.var()) * 100 - 1.0) < 0.05
+
+
+def test_seeded_and_deterministic():
+    a, b, c = contextual_sbm(seed=4), contextual_sbm(seed=4), contextual_sbm(seed=5)
+    assert torch.equal(a.edge_index, b.edge_index) and torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+    assert not torch.equal(a.y, c.y)
+
+
+def test_edge_homophily_counts_same_class_edges():
+    edge_index = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])
+    assert edge_homophily(edge_index, torch.tensor([0, 0, 1])) == 0.5
+
+
+@pytest.mark.parametrize("phi", [-1.5, 1.01])
+def test_phi_out_of_range_names_phi(phi):
+    with pytest.raises(ValueError, match="phi"):
+        contextual_sbm(phi=phi)
+
+
+def test_impossible_degree_names_parameters():
+    with pytest.raises(ValueError, match="avg_degree"):
+        contextual_sbm(phi=1.0, avg_degree=1.0)

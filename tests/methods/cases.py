@@ -1,0 +1,71 @@
+"""Contract cases: how the generic suite builds each method on a plain module.
+
+Every implemented method of kind callback / mixin / adapter adds one entry to
+:data:`CASES` (a zero-argument factory returning a :class:`ContractCase`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning.pytorch as pl
+from torch import nn
+
+
+@dataclass
+class ContractCase:
+    """How to run one method in the contract suite.
+
+    Attributes:
+        name: the registry name.
+        make_callbacks: fresh method callbacks (for a Trainer).
+        make_module: a plain user LightningModule the method is applied to.
+        make_data: a datamodule whose batches the module accepts.
+        apply: the functional surgery form ``apply(model) -> model`` (structural methods).
+        make_task_module: one of our task modules, for ``load_from_checkpoint``.
+        stateful / structural / ddp: which contracts apply.
+    """
+
+    name: str
+    make_callbacks: Callable[[], list[pl.Callback]]
+    make_module: Callable[[], pl.LightningModule]
+    make_data: Callable[[], pl.LightningDataModule]
+    apply: Callable[[nn.Module], nn.Module] | None = None
+    make_task_module: Callable[[], pl.LightningModule] | None = None
+    stateful: bool = False
+    structural: bool = False
+    ddp: bool = False
+    configs: list[str] = field(default_factory=list)
+    trainer_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def _digits():
+    from lit_lowrank.datamodules import DigitsDataModule
+
+    return DigitsDataModule(batch_size=32)
+
+
+def reference_case() -> ContractCase:
+    from lit_lowrank.tasks import ClassificationModule
+    from tests.methods.plain import PlainUserClassifier
+    from tests.methods.reference_method import ReferenceMethod, apply_gain
+
+    return ContractCase(
+        name="reference",
+        make_callbacks=lambda: [ReferenceMethod()],
+        make_module=PlainUserClassifier,
+        make_data=_digits,
+        apply=apply_gain,
+        make_task_module=lambda: ClassificationModule("mlp", num_classes=10, in_chans=1,
+                                                      backbone_kwargs={"in_features": 64, "hidden_sizes": [32]}),
+        stateful=True, structural=True, ddp=True,
+    )
+
+
+#: method name -> case factory. The reference method is always present so the suite is
+#: exercised before (and besides) the real methods.
+CASES: dict[str, Callable[[], ContractCase]] = {
+    "reference": reference_case,
+}
