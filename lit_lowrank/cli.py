@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from typing import Any
 
 import lightning.pytorch as pl
@@ -19,7 +20,7 @@ from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
 EXTRA_COMMANDS = """extra commands:
   bench NAME [--quick] [--json PATH] [--seed N]   run a method's benchmark (`bench --list` lists them)
-  methods                                          print the method registry as a table
+  methods [--markdown]                             print the method registry as a table
 """
 
 
@@ -85,12 +86,18 @@ def _bench(argv: list[str]) -> int:
     return 1 if ns.strict and not all(c["holds"] for c in result["claims"]) else 0
 
 
-def _methods() -> int:
+def _methods(argv: list[str]) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from lit_lowrank.core.registry import methods_table
+    from lit_lowrank.core.registry import methods_markdown, methods_table
 
+    if argv == ["--markdown"]:
+        print(methods_markdown())
+        return 0
+    if argv:
+        print("usage: lit-lowrank methods [--markdown]", file=sys.stderr)
+        return 2
     rows = methods_table()
     table = Table(title="lit_lowrank methods")
     for col in rows[0]:
@@ -104,10 +111,12 @@ def _methods() -> int:
 def main(argv: list[str] | None = None) -> int | None:
     """Entry point of the ``lit-lowrank`` console script."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    # Lightning 2.6 on torch 2.14 warns about a pytree API it still uses; not actionable here.
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")
     if argv and argv[0] == "bench":
         return _bench(argv[1:])
     if argv and argv[0] == "methods":
-        return _methods()
+        return _methods(argv[1:])
     LitLowRankCLI(args=argv)
     return None
 

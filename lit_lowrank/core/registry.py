@@ -2,7 +2,8 @@
 
 Every method issue turns its ``planned`` line into an implemented one by filling in
 ``component`` (the dotted path of the callback / mixin / adapter / op / engine) and
-the paths of its config and benchmark. The contract suite in ``tests/methods/``
+the paths of its config and benchmark; a method that acts inside ``fit`` also adds
+a ``ContractCase`` to ``tests/methods/cases.py``. The contract suite in ``tests/methods/``
 parametrises over :func:`implemented_methods`; ``lit-lowrank methods`` prints
 :func:`methods_table`. Deleting a method means deleting its files and its line here.
 """
@@ -34,9 +35,6 @@ class MethodSpec:
         config: the CPU config on the embedded default (relative to the repo root).
         baseline_config: the config of its main baseline.
         benchmark: name for ``lit-lowrank bench`` (``lit_lowrank/benchmarks/<name>.py``).
-        contract: dotted path of a zero-argument factory returning a
-            ``ContractCase`` (see ``tests/methods/``) that builds the method on a plain
-            LightningModule; ``None`` for ops/engines that do not act inside ``fit``.
         stateful: a callback whose ``state_dict`` must survive save/resume.
         structural: changes the module's structure (idempotent, rebuilt on reload).
         ddp: declared to run under a 2-process CPU DDP fit.
@@ -51,7 +49,6 @@ class MethodSpec:
     config: str | None = None
     baseline_config: str | None = None
     benchmark: str | None = None
-    contract: str | None = None
     stateful: bool = False
     structural: bool = False
     ddp: bool = False
@@ -116,6 +113,18 @@ def methods_table() -> list[dict[str, str]]:
         }
         for m in _REGISTRY.values()
     ]
+
+
+def methods_markdown() -> str:
+    """The README method table (``lit-lowrank methods --markdown``)."""
+    rows = methods_table()
+    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    for row in rows:
+        cells = dict(row)
+        if _REGISTRY[row["method"]].status == "implemented":
+            cells["method"] = f"[{row['method']}](docs/methods/{row['method']}.md)"
+        lines.append("| " + " | ".join(cells.values()) + " |")
+    return "\n".join(lines)
 
 
 def _planned(name: str, title: str, kind: InjectionKind, tasks: tuple[str, ...], issue: int) -> None:

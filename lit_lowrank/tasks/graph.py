@@ -18,18 +18,18 @@ from lit_lowrank.tasks.base import TaskModule
 
 def build_graph_model(name: str, in_channels: int, out_channels: int, **kwargs: Any) -> nn.Module:
     """A node-classification model by name: a ``torch_geometric.nn.models`` class
-    (``GCN``, ``GAT``, ``GraphSAGE``, ``GIN``, ``MLP``, ``LINKX``...), a model from
-    ``lit_lowrank.models`` or a dotted import path; built with
+    (``GCN``, ``GAT``, ``GraphSAGE``, ``GIN``, ``MLP``, ``LINKX``...; PyG's name wins),
+    a model class from ``lit_lowrank.models`` or a dotted import path; built with
     ``in_channels``/``out_channels`` plus ``kwargs``.
     """
     import torch_geometric.nn.models as pyg_models
 
     import lit_lowrank.models as ours
 
-    if hasattr(ours, name) and isinstance(getattr(ours, name), type):
-        cls = getattr(ours, name)
-    elif hasattr(pyg_models, name):
+    if hasattr(pyg_models, name):
         cls = getattr(pyg_models, name)
+    elif hasattr(ours, name) and isinstance(getattr(ours, name), type):
+        cls = getattr(ours, name)
     elif "." in name:
         cls = import_object(name)
     else:
