@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from lit_lowrank.cli import LitLowRankCLI
 
 

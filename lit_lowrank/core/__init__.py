@@ -3,11 +3,24 @@
 from lit_lowrank.core.logging import log_method, method_key
 from lit_lowrank.core.loss_hooks import OUTPUT_KEYS, MethodCallback, apply_loss_hooks, method_callbacks
 from lit_lowrank.core.registry import (
-    MethodSpec, all_methods, get_method, implemented_methods, methods_table, register_method, unregister_method,
+    MethodSpec,
+    all_methods,
+    get_method,
+    implemented_methods,
+    methods_table,
+    register_method,
+    unregister_method,
 )
 from lit_lowrank.core.surgery import (
-    find_modules, import_object, is_replaced, mark_replaced, rebuild_surgery, record_surgery, replace_module,
-    save_surgery, surgery_records,
+    find_modules,
+    import_object,
+    is_replaced,
+    mark_replaced,
+    rebuild_surgery,
+    record_surgery,
+    replace_module,
+    save_surgery,
+    surgery_records,
 )
 
 __all__ = [

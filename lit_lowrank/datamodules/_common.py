@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
 
+import lightning.pytorch as pl
 import numpy as np
 import torch
 from torch import Tensor
@@ -105,3 +106,24 @@ def make_loader(
         collate_fn=collate_fn,
         persistent_workers=num_workers > 0,
     )
+
+
+class SplitDataModule(pl.LightningDataModule):
+    """Loaders over ``train_set`` / ``val_set`` / ``test_set`` (``test_set`` falls back to
+    ``val_set`` where a dataset has no separate test split), shuffled with a seeded
+    generator. Subclasses set ``batch_size``, ``seed``, ``num_workers`` and the sets."""
+
+    batch_size: int
+    seed: int
+    num_workers: int
+
+    def train_dataloader(self) -> DataLoader:
+        return make_loader(self.train_set, self.batch_size, True, self.seed, self.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        return make_loader(self.val_set, self.batch_size, False, self.seed, self.num_workers)
+
+    def test_dataloader(self) -> DataLoader:
+        test_set = getattr(self, "test_set", None)
+        return make_loader(self.val_set if test_set is None else test_set, self.batch_size, False, self.seed,
+                           self.num_workers)

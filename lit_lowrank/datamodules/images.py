@@ -13,13 +13,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal, Optional
 
-import lightning.pytorch as pl
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from lit_lowrank.datamodules._common import DictDataset, check_fractions, make_loader, stratified_split
+from lit_lowrank.datamodules._common import DictDataset, SplitDataModule, check_fractions, stratified_split
 from lit_lowrank.datamodules._paths import package_file, require_path
 
 # Coarse digit groups by shape: closed loops, straight strokes, open curves.
@@ -69,7 +68,7 @@ def groups_to_fine_to_coarse(groups: dict[str, tuple[int, ...]], num_classes: in
     return table
 
 
-class DigitsDataModule(pl.LightningDataModule):
+class DigitsDataModule(SplitDataModule):
     """Handwritten digits that ship inside dependencies: the embedded image default.
 
     ``source="sklearn"``: scikit-learn's 1,797 8x8 digits. ``source="mnist5k"``: the
@@ -143,15 +142,6 @@ class DigitsDataModule(pl.LightningDataModule):
         full = DictDataset({"x": x, "y": y, "category": self.fine_to_coarse[y]})
         self.train_set, self.val_set, self.test_set = (full.subset(i) for i in (train, val, test))
 
-    def train_dataloader(self) -> DataLoader:
-        return make_loader(self.train_set, self.batch_size, True, self.seed, self.num_workers)
-
-    def val_dataloader(self) -> DataLoader:
-        return make_loader(self.val_set, self.batch_size, False, self.seed, self.num_workers)
-
-    def test_dataloader(self) -> DataLoader:
-        return make_loader(self.test_set, self.batch_size, False, self.seed, self.num_workers)
-
 
 def read_cifar_batches(folder: Path, variant: int, train: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Read CIFAR python-format pickles: uint8 images (N, 3, 32, 32), fine and coarse labels.
@@ -183,7 +173,7 @@ def read_cifar_batches(folder: Path, variant: int, train: bool) -> tuple[np.ndar
     return np.concatenate(images), fine_all, coarse_all
 
 
-class CIFARDataModule(pl.LightningDataModule):
+class CIFARDataModule(SplitDataModule):
     """CIFAR-10 / CIFAR-100 from a local root (the real image benchmark).
 
     Expects torchvision's layout: ``root/cifar-100-python/{train,test,meta}`` or
@@ -278,15 +268,6 @@ class CIFARDataModule(pl.LightningDataModule):
         self.val_set = sets["train"].subset(val_idx, self._transforms(train=False))
         self.test_set = sets["test"].subset(np.arange(len(sets["test"])), self._transforms(train=False))
 
-    def train_dataloader(self) -> DataLoader:
-        return make_loader(self.train_set, self.batch_size, True, self.seed, self.num_workers)
-
-    def val_dataloader(self) -> DataLoader:
-        return make_loader(self.val_set, self.batch_size, False, self.seed, self.num_workers)
-
-    def test_dataloader(self) -> DataLoader:
-        return make_loader(self.test_set, self.batch_size, False, self.seed, self.num_workers)
-
 
 class _FolderDicts(Dataset):
     """Wrap a torchvision ``ImageFolder`` so items are ``{"x", "y", "category"}`` dicts."""
@@ -303,7 +284,7 @@ class _FolderDicts(Dataset):
         return {"x": image, "y": torch.tensor(label), "category": self.fine_to_coarse[label]}
 
 
-class ImageFolderDataModule(pl.LightningDataModule):
+class ImageFolderDataModule(SplitDataModule):
     """An ImageNet-style folder tree: ``root/train/<class>/*.png`` and ``root/val/<class>/*``.
 
     ``superclass_map`` is a JSON file ``{class_folder_name: superclass_name}``; every
@@ -402,12 +383,3 @@ class ImageFolderDataModule(pl.LightningDataModule):
         if val.classes != train.classes:
             raise ValueError(f"root: 'val/' classes {val.classes} differ from 'train/' classes {train.classes}")
         self.train_set, self.val_set = _FolderDicts(train, table), _FolderDicts(val, table)
-
-    def train_dataloader(self) -> DataLoader:
-        return make_loader(self.train_set, self.batch_size, True, self.seed, self.num_workers)
-
-    def val_dataloader(self) -> DataLoader:
-        return make_loader(self.val_set, self.batch_size, False, self.seed, self.num_workers)
-
-    def test_dataloader(self) -> DataLoader:
-        return self.val_dataloader()

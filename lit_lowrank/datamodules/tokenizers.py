@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -95,3 +96,26 @@ def pad_id(tokenizer: Any) -> int:
     the id only has to be a valid embedding row.
     """
     return int(tokenizer.pad_token_id) if tokenizer.pad_token_id is not None else eos_id(tokenizer)
+
+
+class TokenizedData:
+    """Tokenizer attributes of a text datamodule (set ``tokenizer_name`` in ``__init__``)."""
+
+    tokenizer_name: str
+
+    @cached_property
+    def tokenizer(self) -> Any:
+        """The tokenizer object, loaded on first use."""
+        return get_tokenizer(self.tokenizer_name)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
+
+    @property
+    def pad_token_id(self) -> int:
+        return pad_id(self.tokenizer)
+
+    @property
+    def eos_token_id(self) -> int:
+        return eos_id(self.tokenizer)

@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torchmetrics.text import Perplexity
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
+from torchmetrics.text import Perplexity
 
 from lit_lowrank.core.loss_hooks import apply_loss_hooks
 from lit_lowrank.tasks.base import TaskModule

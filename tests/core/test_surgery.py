@@ -7,7 +7,13 @@ import torch
 from torch import nn
 
 from lit_lowrank.core import (
-    find_modules, is_replaced, mark_replaced, rebuild_surgery, record_surgery, replace_module, save_surgery,
+    find_modules,
+    is_replaced,
+    mark_replaced,
+    rebuild_surgery,
+    record_surgery,
+    replace_module,
+    save_surgery,
     surgery_records,
 )
 
