@@ -1,5 +1,7 @@
-"""Methods that act from outside a module (one file each). Filled by the method issues."""
+"""Methods that act from outside a module (one file each)."""
 
+from lit_lowrank.callbacks.safecut import SafeCut
+from lit_lowrank.callbacks.shot import SHOT
 from lit_lowrank.core.loss_hooks import MethodCallback
 
-__all__ = ["MethodCallback"]
+__all__ = ["MethodCallback", "SHOT", "SafeCut"]

@@ -40,10 +40,16 @@ _EXPORTS = {
     "ImageFolderDataModule": "images",
     "PackedTextDataModule": "text",
     "TextClassificationDataModule": "text",
+    "ShiftedDigitsDataModule": "domain_shift",
+    "DomainFolderDataModule": "domain_shift",
+    "apply_shift": "domain_shift",
     "ByteTokenizer": "tokenizers",
     "get_tokenizer": "tokenizers",
 }
 __all__ = [
+    "ShiftedDigitsDataModule",
+    "DomainFolderDataModule",
+    "apply_shift",
     "ByteTokenizer",
     "CIFAR100_COARSE_NAMES",
     "CIFAR10_SUPERCLASSES",

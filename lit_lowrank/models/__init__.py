@@ -39,6 +39,7 @@ from lit_lowrank.models.pretrained import (
     minilm_path,
     smollm2_path,
 )
+from lit_lowrank.models.prototype import DigitPrototypeClassifier, PrototypeClassifier, digit_view
 from lit_lowrank.models.resnet_cifar import (
     ResNetCifar,
     resnet20_cifar,
@@ -49,6 +50,9 @@ from lit_lowrank.models.resnet_cifar import (
 from lit_lowrank.models.small import MLP, SmallCNN, TokenBagEncoder, cnn_small, mlp, token_bag
 
 __all__ = [
+    "PrototypeClassifier",
+    "DigitPrototypeClassifier",
+    "digit_view",
     "BACKBONES",
     "MLP",
     "ResNetCifar",

@@ -13,6 +13,7 @@ exercised before any real method lands.
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 from typing import Any
@@ -103,7 +104,8 @@ def test_state_round_trip_and_resume(name, tmp_path):
     trainer.fit(case.make_module(), datamodule=case.make_data())
     path = tmp_path / "mid.ckpt"
     trainer.save_checkpoint(path)
-    saved = {cb.state_key: cb.state_dict() for cb in callbacks}
+    # deep copies: state_dict() may hand out live tensors (optimizer steps) that training mutates
+    saved = copy.deepcopy({cb.state_key: cb.state_dict() for cb in callbacks})
     checkpoint = torch.load(path, weights_only=False)
     for key, state in saved.items():
         if state:
@@ -113,7 +115,7 @@ def test_state_round_trip_and_resume(name, tmp_path):
 
     class Probe(pl.Callback):
         def on_train_start(self, trainer, pl_module):
-            restored.update({cb.state_key: cb.state_dict() for cb in new_callbacks})
+            restored.update(copy.deepcopy({cb.state_key: cb.state_dict() for cb in new_callbacks}))
 
     new_callbacks = case.make_callbacks()
     resumed = _trainer(tmp_path, [*new_callbacks, Probe()], max_steps=3, **case.trainer_kwargs)

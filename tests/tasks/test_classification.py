@@ -98,3 +98,18 @@ def test_bad_batch_and_num_classes():
         model.step((torch.randn(2, 64), torch.zeros(2, dtype=torch.long)))
     with pytest.raises(ValueError, match="num_classes"):
         ClassificationModule("mlp", num_classes=1, backbone_kwargs={"in_features": 64})
+
+
+def test_weights_path_loads_a_checkpoint_and_names_bad_input(tmp_path):
+    source = ClassificationModule("mlp", num_classes=10, in_chans=1, backbone_kwargs={"in_features": 64})
+    torch.save({"state_dict": source.state_dict()}, tmp_path / "source.ckpt")
+    target = ClassificationModule("mlp", num_classes=10, in_chans=1, backbone_kwargs={"in_features": 64},
+                                  weights_path=str(tmp_path / "source.ckpt"), supervised=False)
+    x = torch.randn(3, 1, 8, 8)
+    torch.testing.assert_close(target(x), source(x))
+    with pytest.raises(FileNotFoundError, match="weights_path"):
+        ClassificationModule("mlp", num_classes=10, backbone_kwargs={"in_features": 64},
+                             weights_path=str(tmp_path / "missing.ckpt"))
+    with pytest.raises(RuntimeError, match="does not fit"):
+        ClassificationModule("mlp", num_classes=5, backbone_kwargs={"in_features": 64, "hidden_sizes": [8]},
+                             weights_path=str(tmp_path / "source.ckpt"))

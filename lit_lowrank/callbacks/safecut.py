@@ -1,0 +1,209 @@
+"""SafeCut: cut-statistic gated mutual correction for source-free domain adaptation."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lit_lowrank.callbacks.shot import require_outputs
+from lit_lowrank.core.loss_hooks import MethodCallback
+from lit_lowrank.ops.cut_statistic import cut_statistic, knn_graph
+from lit_lowrank.ops.information_maximization import centroid_pseudo_labels, information_maximization_loss
+from lit_lowrank.ops.safecut_gate import GateMode, safecut_gate
+
+class SafeCut(MethodCallback):
+    """Two models adapt to an unlabelled target domain and correct each other where a
+    label-free reliability test says so.
+
+    Per batch: a kNN graph on the (detached, L2-normalised) features; for each
+    model's predicted labels, the local cut edge weight z-score
+    (:func:`~lit_lowrank.ops.cut_statistic`) — low z = the label agrees with its
+    neighbourhood more than chance. :func:`~lit_lowrank.ops.safecut_gate` turns the
+    two z's into per-sample weights: the more reliable model teaches the other
+    (cross-entropy to its hard label), with strength growing with the reliability gap;
+    when neither model passes ``threshold`` nobody is taught. Each adapting model also
+    keeps SHOT's single-model loss: information maximisation (``im_weight``) plus, with
+    ``beta > 0``, cross-entropy to its own centroid pseudo-labels — so with no
+    confident teacher SafeCut falls back to SHOT.
+
+    The second model (a vision–language zero-shot classifier, or any classifier with
+    different failure modes; ``forward(x) -> logits``, optionally
+    ``forward_features(x)``) belongs to the callback, not to the module: the module's
+    structure and checkpoint stay those of the adapted model, and the callback steps
+    the second model with its own AdamW (``second_lr``) after each training batch; its
+    weights and optimizer state are in the callback's ``state_dict`` (resume-safe).
+    Multi-process strategies are refused while the second model adapts (its gradients
+    would not be synchronised).
+
+    Args:
+        second_model: the second classifier.
+        k: neighbours of the kNN graph (per batch, so use batches of ≳ 64).
+        threshold: a teacher's z must be below this (−1 ≈ "clearly better than chance").
+        gap_scale: strength = tanh(|z_a − z_b| / gap_scale).
+        weight: weight of the cross-supervision loss.
+        im_weight: weight of each model's information-maximisation loss.
+        beta: weight of each model's SHOT centroid pseudo-label loss (0 = IM only).
+        mode: ``"safecut"``; baselines ``"naive"`` (mutual exchange, no gate) and
+            ``"one_way"`` (the second model distils into the first, frozen).
+        graph_features: build the graph on the adapted model's features (``"first"``,
+            default), the second model's, or both concatenated. On the embedded
+            benchmark ``"both"`` let a biased second model's consistent mistakes look
+            reliable (more miscorrections); the adapted model's own geometry is the
+            more conservative judge.
+        adapt_second: train the second model too (forced off for ``one_way``).
+        second_lr: learning rate of the second model's AdamW.
+        input_key: batch key of the second model's input.
+
+    .. code-block:: python
+
+        second = DigitPrototypeClassifier()
+        trainer = L.Trainer(max_epochs=3, callbacks=[SafeCut(second, k=10)])
+        trainer.fit(ClassificationModule("cnn_small", in_chans=1, supervised=False, weights_path="source.ckpt"),
+                    datamodule=ShiftedDigitsDataModule(shift="rotate"))
+    """
+
+    method_name = "safecut"
+
+    def __init__(
+        self,
+        second_model: nn.Module,
+        k: int = 10,
+        threshold: float = -1.0,
+        gap_scale: float = 1.0,
+        weight: float = 0.3,
+        im_weight: float = 1.0,
+        beta: float = 0.3,
+        mode: GateMode = "safecut",
+        graph_features: Literal["first", "second", "both"] = "first",
+        adapt_second: bool = True,
+        second_lr: float = 1e-3,
+        input_key: str = "x",
+    ) -> None:
+        if mode not in ("safecut", "naive", "one_way"):
+            raise ValueError(f"`mode`={mode!r}, expected 'safecut', 'naive' or 'one_way'.")
+        if graph_features not in ("first", "second", "both"):
+            raise ValueError(f"`graph_features`={graph_features!r}, expected 'first', 'second' or 'both'.")
+        self.second_model = second_model
+        self.k, self.threshold, self.gap_scale = k, threshold, gap_scale
+        self.weight, self.im_weight, self.beta, self.mode = weight, im_weight, beta, mode
+        self.graph_features, self.input_key = graph_features, input_key
+        self.adapt_second = adapt_second and mode != "one_way"
+        self.second_lr = second_lr
+        self.second_optimizer: torch.optim.Optimizer | None = None
+        self._pending_optimizer_state: dict[str, Any] | None = None
+        self.counts = {"to_first": 0, "to_second": 0, "none": 0, "corrections": 0, "miscorrections": 0}
+
+    def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+        if self.adapt_second and trainer.world_size > 1:
+            raise RuntimeError(
+                f"SafeCut(adapt_second=True) runs on one process; got world_size={trainer.world_size} "
+                f"({type(trainer.strategy).__name__}). Use adapt_second=False or a single device."
+            )
+        self.second_model.to(pl_module.device)
+        self.second_model.requires_grad_(self.adapt_second)
+        if self.adapt_second and self.second_optimizer is None:
+            self.second_optimizer = torch.optim.AdamW(self.second_model.parameters(), lr=self.second_lr)
+            if self._pending_optimizer_state is not None:
+                self.second_optimizer.load_state_dict(self._pending_optimizer_state)
+                self._pending_optimizer_state = None
+
+    def on_train_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        # the module's backward filled the second model's gradients through on_loss
+        if self.second_optimizer is not None:
+            self.second_optimizer.step()
+            self.second_optimizer.zero_grad(set_to_none=True)
+
+    def _second_forward(self, batch: Any) -> tuple[Tensor, Tensor]:
+        model = self.second_model
+        if not isinstance(batch, dict) or self.input_key not in batch:
+            raise ValueError(f"SafeCut reads the second model's input from batch[{self.input_key!r}] "
+                             "(dict batches); set `input_key`.")
+        x = batch[self.input_key]
+        logits = model(x)
+        features = model.forward_features(x) if hasattr(model, "forward_features") else logits.softmax(-1)
+        return logits, features
+
+    def on_loss(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", batch: Any,
+                outputs: dict[str, Any], loss: Tensor) -> Tensor:
+        require_outputs(outputs, ("logits", "features"), "SafeCut")
+        logits_a, feats_a = outputs["logits"], outputs["features"]
+        logits_b, feats_b = self._second_forward(batch)
+        if logits_b.shape != logits_a.shape:
+            raise ValueError(f"SafeCut: the second model's logits {tuple(logits_b.shape)} do not match the "
+                             f"module's {tuple(logits_a.shape)} (same classes, same order expected).")
+        with torch.no_grad():
+            parts = {"first": [feats_a], "second": [feats_b], "both": [feats_a, feats_b]}[self.graph_features]
+            graph = knn_graph(torch.cat([F.normalize(p.flatten(1).float(), dim=1) for p in parts], 1),
+                              min(self.k, logits_a.shape[0] - 1))
+            labels_a, labels_b = logits_a.argmax(-1), logits_b.argmax(-1)
+            c = logits_a.shape[-1]
+            z_a = cut_statistic(None, labels_a, weights=graph, num_classes=c)
+            z_b = cut_statistic(None, labels_b, weights=graph, num_classes=c)
+            to_a, to_b = safecut_gate(z_a.z, z_b.z, self.threshold, self.gap_scale, self.mode)
+        cross = (to_a * F.cross_entropy(logits_a, labels_b, reduction="none")).mean()
+        if self.adapt_second:
+            cross = cross + (to_b * F.cross_entropy(logits_b, labels_a, reduction="none")).mean()
+        base = self._shot_loss(logits_a, feats_a)
+        if self.adapt_second:
+            base = base + self._shot_loss(logits_b, feats_b)
+        self._diagnose(pl_module, batch, to_a, to_b, labels_a, labels_b, z_a.z_global, z_b.z_global)
+        return loss + self.weight * cross + base
+
+    def _shot_loss(self, logits: Tensor, features: Tensor) -> Tensor:
+        loss = self.im_weight * information_maximization_loss(logits)
+        if self.beta > 0:
+            pseudo = centroid_pseudo_labels(features.detach(), logits.detach())
+            loss = loss + self.beta * F.cross_entropy(logits, pseudo)
+        return loss
+
+    def _diagnose(self, pl_module: "pl.LightningModule", batch: Any, to_a: Tensor, to_b: Tensor,
+                  labels_a: Tensor, labels_b: Tensor, z_global_a: Tensor, z_global_b: Tensor) -> None:
+        disagree = labels_a != labels_b
+        n_to_a, n_to_b = int(((to_a > 0) & disagree).sum()), int(((to_b > 0) & disagree).sum())
+        n_none = int((disagree & (to_a == 0) & (to_b == 0)).sum())
+        self.counts["to_first"] += n_to_a
+        self.counts["to_second"] += n_to_b
+        self.counts["none"] += n_none
+        self.log_method(pl_module, "gate_to_first", float(n_to_a))
+        self.log_method(pl_module, "gate_to_second", float(n_to_b))
+        self.log_method(pl_module, "gate_none", float(n_none))
+        self.log_method(pl_module, "z_global_first", z_global_a)
+        self.log_method(pl_module, "z_global_second", z_global_b)
+        y = batch.get("y") if isinstance(batch, dict) else None
+        if y is not None:  # evaluation only: how often the taught label is right
+            taught = (to_a > 0) & disagree
+            corrections = int((taught & (labels_b == y)).sum())
+            miscorrections = int((taught & (labels_b != y) & (labels_a == y)).sum())
+            self.counts["corrections"] += corrections
+            self.counts["miscorrections"] += miscorrections
+            self.log_method(pl_module, "corrections", float(corrections))
+            self.log_method(pl_module, "miscorrections", float(miscorrections))
+
+    def on_validation_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any,
+                                batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        if isinstance(batch, dict) and "y" in batch and self.input_key in batch:
+            with torch.no_grad():
+                acc = (self.second_model(batch[self.input_key]).argmax(-1) == batch["y"]).float().mean()
+            pl_module.log("method/safecut/second_acc", acc, on_epoch=True, on_step=False,
+                          batch_size=batch["y"].numel(), sync_dist=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "counts": dict(self.counts),
+            "second_model": {k: v.detach().clone() for k, v in self.second_model.state_dict().items()},
+            "second_optimizer": None if self.second_optimizer is None else self.second_optimizer.state_dict(),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.counts = dict(state_dict["counts"])
+        self.second_model.load_state_dict(state_dict["second_model"])
+        if state_dict.get("second_optimizer") is not None:
+            if self.second_optimizer is not None:
+                self.second_optimizer.load_state_dict(state_dict["second_optimizer"])
+            else:  # restored before setup built the optimizer
+                self._pending_optimizer_state = state_dict["second_optimizer"]

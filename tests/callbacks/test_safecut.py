@@ -1,0 +1,129 @@
+"""SafeCut and SHOT callbacks: gating on a plain module, second-model adaptation,
+state round trip, refusal of multi-process strategies."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from lit_lowrank.callbacks import SHOT, SafeCut
+from lit_lowrank.datamodules import ShiftedDigitsDataModule
+from lit_lowrank.models import DigitPrototypeClassifier
+from lit_lowrank.tasks import ClassificationModule
+
+
+def _trainer(tmp_path, callbacks, steps=3):
+    return pl.Trainer(max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, limit_val_batches=1, accelerator="cpu", devices=1,
+                      default_root_dir=tmp_path, callbacks=callbacks)
+
+
+def _target_module():
+    return ClassificationModule("cnn_small", num_classes=10, in_chans=1, supervised=False)
+
+
+def test_target_mode_never_reads_labels(tmp_path):
+    """supervised=False: training runs on batches without 'y'; the task loss is zero."""
+    module = _target_module().train()
+    outputs = module.step({"x": torch.randn(8, 1, 8, 8)})
+    assert float(outputs["loss"].detach()) == 0.0
+
+    class NoLabels(torch.utils.data.Dataset):
+        def __len__(self):
+            return 16
+
+        def __getitem__(self, i):
+            return {"x": torch.randn(1, 8, 8)}
+
+    before = module.head.weight.detach().clone()
+    trainer = pl.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=tmp_path, callbacks=[SHOT()])
+    trainer.fit(module, torch.utils.data.DataLoader(NoLabels(), batch_size=8))
+    assert not torch.equal(module.head.weight, before)  # SHOT's loss trained it
+    assert "method/shot/im_loss" in trainer.callback_metrics
+
+
+def test_safecut_adapts_both_models_and_logs(tmp_path):
+    second = DigitPrototypeClassifier()
+    before = second.projection.weight.detach().clone()
+    cb = SafeCut(second, k=5)
+    module = _target_module()
+    trainer = _trainer(tmp_path, [cb])
+    data = ShiftedDigitsDataModule(batch_size=64)
+    trainer.fit(module, datamodule=data)
+    assert not torch.equal(second.projection.weight, before), "the second model did not adapt"
+    assert {"method/safecut/gate_to_first", "method/safecut/z_global_first"} <= set(trainer.callback_metrics)
+    trainer.validate(module, datamodule=data, verbose=False)
+    assert 0.0 <= float(trainer.callback_metrics["method/safecut/second_acc"]) <= 1.0
+    assert sum(cb.counts[k] for k in ("to_first", "to_second", "none")) > 0
+
+
+def test_one_way_freezes_the_second_model(tmp_path):
+    second = DigitPrototypeClassifier()
+    before = {k: v.clone() for k, v in second.state_dict().items()}
+    _trainer(tmp_path, [SafeCut(second, k=5, mode="one_way")]).fit(
+        _target_module(), datamodule=ShiftedDigitsDataModule(batch_size=64))
+    assert all(torch.equal(before[k], v) for k, v in second.state_dict().items())
+
+
+def test_cross_term_follows_the_gate():
+    """With a perfectly reliable second model and a random first one, the loss includes
+    cross-entropy towards the second model's labels (and nothing the other way)."""
+    torch.manual_seed(0)
+    n, c = 60, 3
+    y = torch.arange(c).repeat_interleave(n // c)
+    feats = torch.nn.functional.one_hot(y, c).float() * 5 + 0.1 * torch.randn(n, c)
+
+    class Oracle(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.one_hot(x.long(), c).float() * 10
+
+        def forward_features(self, x):
+            return feats
+
+    first_logits = torch.randn(n, c, requires_grad=True)
+    cb = SafeCut(Oracle(), k=5, beta=0.0, im_weight=0.0, adapt_second=False, graph_features="second")
+    loss = cb.on_loss(None, torch.nn.Module(), {"x": y}, {"logits": first_logits, "features": torch.randn(n, 4)},
+                      torch.zeros(()))
+    (grad,) = torch.autograd.grad(loss, first_logits)
+    # the gradient pushes every taught sample towards the oracle's label
+    taught = grad.abs().sum(1) > 0
+    assert taught.float().mean() > 0.5
+    assert torch.all(grad[taught].argmin(1) == y[taught])
+
+
+def test_state_dict_round_trip_restores_the_second_model():
+    a = SafeCut(DigitPrototypeClassifier(), k=5)
+    a.second_optimizer = torch.optim.AdamW(a.second_model.parameters(), lr=1e-3)
+    with torch.no_grad():
+        a.second_model.prototypes.add_(1.0)
+    a.counts["corrections"] = 7
+    b = SafeCut(DigitPrototypeClassifier(), k=5)
+    b.load_state_dict(a.state_dict())
+    assert b.counts["corrections"] == 7
+    assert torch.equal(b.second_model.prototypes, a.second_model.prototypes)
+    assert b._pending_optimizer_state is not None
+
+
+def test_errors_are_clear(tmp_path):
+    with pytest.raises(ValueError, match="`mode`='both'"):
+        SafeCut(DigitPrototypeClassifier(), mode="both")
+    cb = SafeCut(DigitPrototypeClassifier())
+    with pytest.raises(ValueError, match=r"outputs \['logits', 'features'\]"):
+        cb.on_loss(None, None, {"x": torch.zeros(2, 1, 8, 8)}, {"logits": torch.zeros(2, 10)}, torch.zeros(()))
+    with pytest.raises(ValueError, match="input_key"):
+        cb.on_loss(None, None, {"image": torch.zeros(2, 1, 8, 8)},
+                   {"logits": torch.zeros(2, 10), "features": torch.zeros(2, 4)}, torch.zeros(()))
+    with pytest.raises(ValueError, match="do not match"):
+        cb.on_loss(None, None, {"x": torch.zeros(4, 1, 8, 8)},
+                   {"logits": torch.zeros(4, 5), "features": torch.zeros(4, 4)}, torch.zeros(()))
+
+
+def test_multi_process_strategy_is_refused(tmp_path):
+    class FakeTrainer:
+        world_size = 2
+        strategy = object()
+
+    with pytest.raises(RuntimeError, match="world_size=2"):
+        SafeCut(DigitPrototypeClassifier()).setup(FakeTrainer(), _target_module(), "fit")
