@@ -11,6 +11,12 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
 from lit_lowrank.core.loss_hooks import apply_loss_hooks
+from lit_lowrank.mixins.specdrop import (
+    apply_specdrop,
+    log_specdrop_diagnostics,
+    specdrop_aux_loss,
+    specdrop_category,
+)
 from lit_lowrank.tasks.base import TaskModule
 
 
@@ -32,6 +38,16 @@ class ClassificationModule(TaskModule):
         backbone_kwargs: extra keyword arguments for the backbone builder.
         pretrained_path: local weights file for the backbone (never a hub).
         label_smoothing: cross-entropy label smoothing.
+        supervised: ``False`` = target-adaptation mode (source-free domain adaptation):
+            ``training_step`` never reads ``y``; the task loss is zero and method
+            callbacks (SHOT, SafeCut) supply the loss. Evaluation still uses ``y``.
+        weights_path: a Lightning checkpoint or ``state_dict`` file of this module
+            (e.g. the source-trained model) loaded strictly at construction.
+        branches: SpecDrop / multi-branch options for
+            :func:`~lit_lowrank.mixins.specdrop.apply_specdrop` (``target`` relative to this
+            module, e.g. ``r"backbone\\.stages\\.2$"``, ``num_branches``, ``merge``, ...);
+            recorded in hparams, so ``load_from_checkpoint`` rebuilds the branches. The
+            batch's ``category`` reaches them through ``step``.
 
     .. code-block:: python
 
@@ -48,6 +64,9 @@ class ClassificationModule(TaskModule):
         backbone_kwargs: dict[str, Any] | None = None,
         pretrained_path: str | None = None,
         label_smoothing: float = 0.0,
+        supervised: bool = True,
+        weights_path: str | None = None,
+        branches: dict[str, Any] | None = None,
         optimizer: OptimizerCallable = torch.optim.AdamW,
         lr_scheduler: LRSchedulerCallable | None = None,
         lr_scheduler_interval: str = "epoch",
@@ -68,33 +87,70 @@ class ClassificationModule(TaskModule):
             )
         self.backbone = backbone
         self.head = nn.Linear(num_features, num_classes)
+        if branches is not None:
+            apply_specdrop(self, **branches)
         self.label_smoothing = label_smoothing
+        self.supervised = supervised
         metric = lambda: torchmetrics.Accuracy(task="multiclass", num_classes=num_classes)  # noqa: E731
         self.train_acc, self.val_acc, self.test_acc = metric(), metric(), metric()
         self.val_ece = torchmetrics.CalibrationError(task="multiclass", num_classes=num_classes, n_bins=15, norm="l1")
+        if weights_path is not None:
+            self._load_weights(weights_path)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """Logits ``(B, num_classes)``."""
-        return self.head(self.backbone(x))
+    def _load_weights(self, path: str) -> None:
+        from pathlib import Path
+
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"`weights_path`={path!r} does not exist; expected a checkpoint or state_dict file.")
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = state.get("state_dict", state)
+        try:
+            missing, unexpected = self.load_state_dict(state, strict=False)
+        except RuntimeError as err:  # shape mismatches
+            raise RuntimeError(f"`weights_path`={path!r} does not fit this module: {err}") from err
+        if missing or unexpected:
+            raise RuntimeError(f"`weights_path`={path!r} does not fit this module: missing keys {missing[:5]}, "
+                               f"unexpected keys {unexpected[:5]}.")
+
+    def forward(self, x: Tensor, category: Tensor | None = None) -> Tensor:
+        """Logits ``(B, num_classes)``; ``category (B,)`` feeds SpecDrop branches when present."""
+        with specdrop_category(self, category):
+            return self.head(self.backbone(x))
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Backbone features ``(B, num_features)``."""
+        return self.backbone(x)
 
     def step(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Forward a batch; returns the ``outputs`` dict shared with methods."""
-        if not isinstance(batch, dict) or "x" not in batch or "y" not in batch:
+        uses_labels = self.supervised or not self.training
+        if not isinstance(batch, dict) or "x" not in batch or (uses_labels and "y" not in batch):
             raise ValueError(
-                "ClassificationModule expects dict batches with keys 'x' and 'y' "
-                f"(and optionally 'category'); got {type(batch).__name__}"
+                "ClassificationModule expects dict batches with keys 'x' and 'y' ('y' is not read in training "
+                f"when supervised=False; 'category' optional); got {type(batch).__name__}"
                 + (f" with keys {sorted(batch)}" if isinstance(batch, dict) else "")
             )
-        features = self.backbone(batch["x"])
-        logits = self.head(features)
-        loss = F.cross_entropy(logits, batch["y"], label_smoothing=self.label_smoothing)
+        with specdrop_category(self, batch.get("category")):
+            features = self.backbone(batch["x"])
+            logits = self.head(features)
+        if uses_labels:
+            loss = F.cross_entropy(logits, batch["y"], label_smoothing=self.label_smoothing)
+        else:  # target adaptation: no label in the training loss; methods add theirs
+            loss = logits.sum() * 0.0
+        aux = specdrop_aux_loss(self)  # learned-router baselines' load-balancing loss, else None
+        if aux is not None:
+            loss = loss + aux
         return {"loss": loss, "logits": logits, "features": features, "category": batch.get("category")}
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         outputs = self.step(batch)
         loss = apply_loss_hooks(self, batch, outputs, outputs["loss"])
-        self.train_acc(outputs["logits"].detach(), batch["y"])
-        self.log_split("train", {"loss": loss, "acc": self.train_acc}, batch_size=batch["y"].numel())
+        log_specdrop_diagnostics(self)
+        values: dict[str, Any] = {"loss": loss}
+        if "y" in batch:  # in target-adaptation mode: evaluation only, never in the loss
+            self.train_acc(outputs["logits"].detach(), batch["y"])
+            values["acc"] = self.train_acc
+        self.log_split("train", values, batch_size=batch["x"].shape[0])
         return loss
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
@@ -110,4 +166,4 @@ class ClassificationModule(TaskModule):
         self.log_split("test", {"loss": outputs["loss"], "acc": self.test_acc}, batch_size=batch["y"].numel())
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
-        return self(batch["x"]).softmax(-1)
+        return self(batch["x"], batch.get("category")).softmax(-1)

@@ -64,8 +64,43 @@ def reference_case() -> ContractCase:
     )
 
 
+def safecut_case() -> ContractCase:
+    from lit_lowrank.callbacks import SafeCut
+    from lit_lowrank.datamodules import ShiftedDigitsDataModule
+    from lit_lowrank.models import DigitPrototypeClassifier
+    from tests.methods.plain import PlainUserClassifier
+
+    return ContractCase(
+        name="safecut",
+        make_callbacks=lambda: [SafeCut(DigitPrototypeClassifier(), k=5)],
+        make_module=PlainUserClassifier,
+        make_data=lambda: ShiftedDigitsDataModule(shift="rotate", batch_size=32),
+        stateful=True,
+    )
+
+
+def specdrop_case() -> ContractCase:
+    from lit_lowrank.mixins import apply_specdrop
+    from lit_lowrank.tasks import ClassificationModule
+    from tests.mixins.plain import PlainSpecDropClassifier
+
+    return ContractCase(
+        name="specdrop",
+        make_callbacks=list,
+        make_module=PlainSpecDropClassifier,  # applies apply_specdrop in __init__, sets the category in its step
+        make_data=_digits,
+        apply=lambda m: apply_specdrop(m, target=r"body\.1$", num_branches=3, merge="specdrop", in_features=64),
+        make_task_module=lambda: ClassificationModule(
+            "mlp", num_classes=10, in_chans=1, backbone_kwargs={"in_features": 64, "hidden_sizes": [32, 32]},
+            branches={"target": r"backbone\.layers\.2$", "num_branches": 3, "missing_category": "uniform"}),
+        structural=True, ddp=True,
+    )
+
+
 #: method name -> case factory. The reference method is always present so the suite is
 #: exercised before (and besides) the real methods.
 CASES: dict[str, Callable[[], ContractCase]] = {
     "reference": reference_case,
+    "safecut": safecut_case,
+    "specdrop": specdrop_case,
 }
