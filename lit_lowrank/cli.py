@@ -30,7 +30,8 @@ def _import_components() -> None:
     import importlib
 
     # submodules explicitly: jsonargparse resolves short names among *imported* subclasses
-    for name in ("callbacks", "tasks", "datamodules.images", "datamodules.text", "datamodules.graphs"):
+    for name in ("callbacks", "tasks", "datamodules.images", "datamodules.text", "datamodules.graphs",
+                 "datamodules.domain_shift"):
         importlib.import_module(f"lit_lowrank.{name}")
 
 

@@ -133,14 +133,23 @@ def _planned(name: str, title: str, kind: InjectionKind, tasks: tuple[str, ...],
 
 # One line per method. A method issue replaces its line with a full MethodSpec.
 _planned("fb_temporal", "Forward-backward representations with temporal abstraction", "engine", ("rl",), 17)
-_planned("specdrop", "SpecDrop fixed parameter-free branch routing", "mixin", ("classification", "language_model"), 4)
+register_method(MethodSpec(
+    "specdrop", "SpecDrop fixed parameter-free branch routing", "mixin", ("classification", "language_model"), 4,
+    component="lit_lowrank.mixins.SpecDropBranches", config="configs/classification/specdrop_digits.yaml",
+    baseline_config="configs/classification/specdrop_no_routing_digits.yaml", benchmark="specdrop",
+    structural=True, ddp=True,
+))
 _planned("specblock", "SpecBlock block-iterative speculative-decoding drafter", "engine", ("language_model",), 9)
 _planned("nn_qst", "Neural-network quantum state tomography, max-sliced W1", "engine", ("tomography",), 19)
 _planned("fed_lowshot", "Federated low-shot intrusion detection with a prior bank", "engine", ("fewshot",), 20)
 _planned("castor", "Castor self-tuning graph filter with routing and momentum", "op", ("graph",), 16)
 _planned("camel", "CAMEL Creator-Appraiser meta-learning of new concepts", "engine", ("diffusion",), 15)
 _planned("polar_vbll", "PoLAR adapters with a variational Bayesian last layer", "adapter", ("classification", "language_model"), 6)
-_planned("safecut", "SafeCut cut-statistic gated mutual correction (SFDA)", "callback", ("classification",), 8)
+register_method(MethodSpec(
+    "safecut", "SafeCut cut-statistic gated mutual correction (SFDA)", "callback", ("classification",), 8,
+    component="lit_lowrank.callbacks.SafeCut", config="configs/classification/safecut_digits.yaml",
+    baseline_config="configs/classification/shot_digits.yaml", benchmark="safecut", stateful=True,
+))
 _planned("sama", "SaMA relaxed-Kronecker adapter", "adapter", ("classification", "language_model"), 5)
 _planned("stac_r", "STAC-R saved-activation compression with SSP", "callback", ("classification", "language_model"), 3)
 _planned("stable_rank", "Stable rank reward, Best-of-N and SR-GRPO", "op", ("language_model",), 11)
@@ -149,5 +158,9 @@ _planned("sphquant", "SPHQuant spherical weight-only quantization", "engine", ("
 _planned("sds_lora", "SDS-LoRA singular-direction-scaled LoRA gradients", "adapter", ("classification", "language_model"), 5)
 _planned("sd_lora", "SD-LoRA structural distillation for few-shot CLIP", "adapter", ("fewshot",), 7)
 _planned("sara", "SARA step-adaptive SVD rank for diffusion inference", "callback", ("diffusion",), 14)
-_planned("rubiconv", "RubiConv exact boundary-respecting packed FFT convolution", "op", ("language_model",), 18)
+register_method(MethodSpec(
+    "rubiconv", "RubiConv exact boundary-respecting packed FFT convolution", "op", ("language_model",), 18,
+    component="lit_lowrank.ops.rubiconv.packed_long_conv", config="configs/language_model/rubiconv_hyena.yaml",
+    baseline_config="configs/language_model/rubiconv_hyena_leaky.yaml", benchmark="rubiconv",
+))
 _planned("moe_quant", "MoE MXFP4 QAT with routing replay and load-aware compensation", "callback", ("language_model",), 13)

@@ -1,5 +1,31 @@
 """Pure torch functions (no Lightning) that methods and task modules call."""
 
 from lit_lowrank.ops.packing import block_causal_mask, cu_seqlens_from_doc_ids, position_ids_from_doc_ids
+from lit_lowrank.ops.rubiconv import (
+    RubiConvPlan,
+    cu_seqlens_for_rows,
+    packed_long_conv,
+    packed_long_conv_reference,
+    packed_short_conv,
+    plan_packed_conv,
+)
+from lit_lowrank.ops.specdrop import (
+    diagonal_dominance,
+    grouped_sensitivity,
+    load_balancing_loss,
+    sensitivity_matrix,
+    soft_moe_weights,
+    specdrop_merge,
+    specdrop_weights,
+    topk_routing,
+)
 
 __all__ = ["block_causal_mask", "cu_seqlens_from_doc_ids", "position_ids_from_doc_ids"]
+__all__ += [
+    "RubiConvPlan", "cu_seqlens_for_rows", "packed_long_conv", "packed_long_conv_reference", "packed_short_conv",
+    "plan_packed_conv",
+]
+__all__ += [
+    "diagonal_dominance", "grouped_sensitivity", "load_balancing_loss", "sensitivity_matrix", "soft_moe_weights",
+    "specdrop_merge", "specdrop_weights", "topk_routing",
+]

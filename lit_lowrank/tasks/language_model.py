@@ -11,13 +11,29 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 from torchmetrics.text import Perplexity
 
+from lit_lowrank.core.logging import log_method
 from lit_lowrank.core.loss_hooks import apply_loss_hooks
+from lit_lowrank.core.surgery import import_object
+from lit_lowrank.mixins.specdrop import (
+    apply_specdrop,
+    log_specdrop_diagnostics,
+    specdrop_aux_loss,
+    specdrop_category,
+)
 from lit_lowrank.tasks.base import TaskModule
 
 #: A ~1M-parameter Llama used when no config is given (fits the embedded corpora on a CPU).
 TINY_LLAMA: dict[str, Any] = {
     "model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 1024,
+}
+
+#: Our own causal LMs (``models/``) that ``model_config.model_type`` can name: type -> class path.
+#: Such a class takes ``vocab_size`` and the config's other keys; its forward takes ``input_ids``,
+#: ``position_ids``, ``doc_ids`` and ``respect_boundaries`` and keeps documents apart itself.
+#: It may define ``method_diagnostics() -> {method: {name: value}}``, logged every training step.
+NATIVE_LM_TYPES: dict[str, str] = {
+    "rubiconv_hyena": "lit_lowrank.models.hyena_lm.HyenaLM",
 }
 
 
@@ -46,7 +62,9 @@ class CausalLMModule(TaskModule):
 
     Args:
         model_config: transformers config keyword arguments with a ``model_type``
-            (random init), e.g. ``{"model_type": "llama", "hidden_size": 128, ...}``.
+            (random init), e.g. ``{"model_type": "llama", "hidden_size": 128, ...}``, or a
+            type of :data:`NATIVE_LM_TYPES` with that class's arguments
+            (``{"model_type": "rubiconv_hyena", "hidden_size": 128, ...}``).
             ``vocab_size`` defaults to ``vocab_size`` below. Ignored when
             ``pretrained_path`` is set.
         pretrained_path: a local folder with a pretrained model (offline), or
@@ -54,6 +72,11 @@ class CausalLMModule(TaskModule):
         vocab_size: vocabulary size for a random-init model (match the tokenizer).
         respect_boundaries: block-diagonal causal attention over packed documents.
         attn_implementation: ``"sdpa"`` or ``"eager"``.
+        branches: SpecDrop / multi-branch options for
+            :func:`~lit_lowrank.mixins.specdrop.apply_specdrop` (``target`` relative to this
+            module, e.g. ``r"model\\.model\\.layers\\.1\\.mlp$"``, or LoRA branches with
+            ``branch_type: lora``); recorded in hparams, so ``load_from_checkpoint``
+            rebuilds them. The batch's ``category`` (source tag) reaches them in ``step``.
 
     .. code-block:: python
 
@@ -69,6 +92,7 @@ class CausalLMModule(TaskModule):
         vocab_size: int = 258,
         respect_boundaries: bool = True,
         attn_implementation: str = "sdpa",
+        branches: dict[str, Any] | None = None,
         optimizer: OptimizerCallable = torch.optim.AdamW,
         lr_scheduler: LRSchedulerCallable | None = None,
         lr_scheduler_interval: str = "step",
@@ -76,6 +100,9 @@ class CausalLMModule(TaskModule):
         super().__init__(optimizer, lr_scheduler, lr_scheduler_interval)
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         self.model = self._build(model_config, pretrained_path, vocab_size, attn_implementation)
+        self.is_native = pretrained_path is None and (model_config or {}).get("model_type") in NATIVE_LM_TYPES
+        if branches is not None:
+            apply_specdrop(self, **branches)
         self.respect_boundaries = respect_boundaries
         self.val_ppl, self.test_ppl = Perplexity(ignore_index=-100), Perplexity(ignore_index=-100)
 
@@ -99,6 +126,8 @@ class CausalLMModule(TaskModule):
         if model_type is None:
             raise ValueError(f"`model_config` needs a 'model_type' key (e.g. 'llama', 'gpt2'); got {model_config!r}.")
         config_kwargs.setdefault("vocab_size", vocab_size)
+        if model_type in NATIVE_LM_TYPES:
+            return import_object(NATIVE_LM_TYPES[model_type])(**config_kwargs)
         try:
             config = AutoConfig.for_model(model_type, **config_kwargs)
         except ValueError as err:
@@ -109,6 +138,9 @@ class CausalLMModule(TaskModule):
                 **kwargs: Any) -> Any:
         """The transformers model output (``logits``, ``hidden_states`` when asked)."""
         attention_mask = kwargs.pop("attention_mask", None)
+        if self.is_native:  # it keeps documents apart itself, from doc_ids (or position_ids)
+            return self.model(input_ids=input_ids, position_ids=position_ids, doc_ids=doc_ids,
+                              respect_boundaries=self.respect_boundaries, **kwargs)
         if self.respect_boundaries and doc_ids is not None:
             attention_mask = block_causal_attention_mask(doc_ids, self.model.dtype)
         return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
@@ -118,18 +150,27 @@ class CausalLMModule(TaskModule):
         missing = [k for k in ("input_ids", "labels") if k not in batch]
         if missing:
             raise ValueError(f"CausalLMModule expects batch keys 'input_ids' and 'labels'; missing {missing}.")
-        out = self(batch["input_ids"], batch.get("position_ids"), batch.get("doc_ids"), output_hidden_states=True)
+        with specdrop_category(self, batch.get("category")):
+            out = self(batch["input_ids"], batch.get("position_ids"), batch.get("doc_ids"), output_hidden_states=True)
         logits = out.logits
         labels = batch["labels"]
         loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+        aux = specdrop_aux_loss(self)  # learned-router baselines' load-balancing loss, else None
+        if aux is not None:
+            loss = loss + aux
         return {"loss": loss, "logits": logits, "hidden_states": out.hidden_states[-1],
                 "category": batch.get("category"), "labels": labels}
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         outputs = self.step(batch)
         loss = apply_loss_hooks(self, batch, outputs, outputs["loss"])
+        log_specdrop_diagnostics(self)
         n = int((batch["labels"] != -100).sum())
         self.log_split("train", {"loss": loss}, batch_size=n)
+        if self.is_native and hasattr(self.model, "method_diagnostics"):
+            for method, values in self.model.method_diagnostics().items():
+                for name, value in values.items():
+                    log_method(self, method, name, value)
         return loss
 
     def _eval_step(self, split: str, batch: dict[str, Any]) -> None:

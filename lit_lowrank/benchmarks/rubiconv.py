@@ -1,0 +1,366 @@
+"""RubiConv benchmark: exact boundary-respecting packed long convolution vs its baselines,
+and a Hyena LM trained on packed data with and without boundary respect.
+
+**Op.** Packs of ``N`` tokens with ``H`` channels whose document lengths follow a Zipf law
+(exponent 1.5, capped at N/16) plus three long documents (N/4, N/8, N/16), shuffled; one
+causal filter of ``L`` taps per channel (``L = N``, Hyena's filter as long as the pack, and
+one setting with ``L`` shorter than the long documents, which exercises the overlap-save
+pieces). Each method runs forward + backward (``y.backward(g)`` for a fixed random ``g``),
+interleaved A B A B, median time; rows give the ratio to RubiConv and the maximum error
+``max|y - y_ref| / max|y_ref|`` against a float64 per-document FFT reference (the tests
+check that reference path against the direct ``O(N L)`` sum). Methods:
+
+- ``rubiconv``: :func:`lit_lowrank.ops.packed_long_conv` (plan included in the time);
+- ``per_document_loop``: one FFT convolution per document (kernel spectra cached per size);
+- ``pad_to_longest``: every document zero-padded to the longest and convolved as a batch,
+  in groups of documents that fit 64 MiB; its time is measured on the first groups and
+  scaled linearly to all documents (every document costs the same padded FFT; each
+  row's ``note`` says how many documents were timed);
+- ``whole_pack_fft``: one FFT over the whole pack — fast but wrong: it leaks across
+  documents, its error column is the leakage;
+- ``attention_sdpa``: scaled-dot-product attention with a block-diagonal causal mask
+  (q = k = v = x, heads of 64 channels), computed in 1024-query tiles whose keys start at
+  the tile's first document (a dense N x N mask does not fit at N = 32k); a different
+  operator, so no error column.
+
+**LM.** Two :class:`~lit_lowrank.tasks.CausalLMModule` with the ``rubiconv_hyena`` model,
+same seed and batch order, on packed byte-level windows of the Lee corpus:
+``respect_boundaries=True`` (RubiConv) and ``False`` (whole-window convolution, same code).
+Seeds ``seed, seed + 1`` (quick; three in the full run) change the initialisation and batch
+order of both alike; rows give each seed and the means, with the paired gap to RubiConv
+(mean and 95% half-width over seeds). Their steps are interleaved for tokens/s; validation loss is reported as trained (packed
+windows) and per document (boundaries respected at evaluation, i.e. a document alone). The
+doc-alone check: the largest logit difference between a packed document and the same
+document run alone. Quick: d = 64, windows of 512, batch 8, 150 steps; full: d = 128,
+windows of 1024, 600 steps (2 layers, AdamW 3e-3 with cosine decay to 3e-4, gradient norm
+clipped at 1).
+
+Quick mode uses N in {4k, 16k} (the three 32k settings add about 3 minutes on this CPU);
+the full mode adds them and trains the LM longer. One thread: on a shared
+2-core machine two threads per op spin-wait far longer than they compute.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from lit_lowrank.benchmarks.harness import BenchmarkResult, claim
+from lit_lowrank.benchmarks.timing import interleaved_medians
+from lit_lowrank.ops.rubiconv import packed_long_conv
+
+#: (H, N, L) settings; L = None means L = N.
+QUICK_SIZES: list[tuple[int, int, int | None]] = [(64, 4096, None), (256, 4096, None), (64, 16384, None),
+                                                   (256, 16384, None), (64, 16384, 1024)]
+FULL_SIZES: list[tuple[int, int, int | None]] = [(h, n, None) for n in (4096, 16384, 32768) for h in (64, 256)] + [
+    (256, 32768, 2048)]
+PAD_GROUP_FLOATS = 1 << 24  # 64 MiB of float32 per padded group
+
+
+def zipf_document_lengths(num_tokens: int, rng: np.random.Generator, exponent: float = 1.5,
+                          long_fractions: tuple[float, ...] = (1 / 4, 1 / 8, 1 / 16)) -> list[int]:
+    """Document lengths summing to ``num_tokens``: a few long documents plus Zipf(``exponent``)
+    lengths capped at ``num_tokens / 16``, in random order."""
+    longs = [max(1, int(num_tokens * f)) for f in long_fractions]
+    rest, lengths = num_tokens - sum(longs), []
+    while rest > 0:
+        n = int(min(rng.zipf(exponent), num_tokens // 16, rest))
+        lengths.append(n)
+        rest -= n
+    lengths += longs
+    rng.shuffle(lengths)
+    return lengths
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def per_document_loop(x: Tensor, kernel: Tensor, offsets: list[int]) -> Tensor:
+    """One FFT convolution per document on the channels-first pack (kernel spectra cached per size)."""
+    x_cf, taps_max, spectra, outs = x.T.contiguous(), kernel.shape[1], {}, []
+    for lo, hi in itertools.pairwise(offsets):
+        n = hi - lo
+        size = _pow2(n + min(n, taps_max) - 1)
+        if size not in spectra:
+            spectra[size] = torch.fft.rfft(kernel[:, : min(taps_max, n if size == 1 else size // 2)], n=size)
+        outs.append(torch.fft.irfft(torch.fft.rfft(x_cf[:, lo:hi], n=size) * spectra[size], n=size)[:, :n])
+    return torch.cat(outs, dim=1).T
+
+
+def whole_pack_fft(x: Tensor, kernel: Tensor) -> Tensor:
+    """One causal FFT convolution over the whole pack: ignores documents (leaks across them)."""
+    n, taps = x.shape[0], min(kernel.shape[1], x.shape[0])
+    size = _pow2(n + taps - 1)
+    spectrum = torch.fft.rfft(x.T, n=size) * torch.fft.rfft(kernel[:, :taps], n=size)
+    return torch.fft.irfft(spectrum, n=size)[:, :n].T
+
+
+def _pad_groups(offsets: list[int], channels: int, kernel_len: int) -> tuple[list[list[int]], int]:
+    lengths = np.diff(offsets)
+    longest = int(lengths.max())
+    size = _pow2(longest + min(longest, kernel_len) - 1)
+    per_group = max(1, PAD_GROUP_FLOATS // (channels * size))
+    docs = list(range(len(lengths)))
+    return [docs[i : i + per_group] for i in range(0, len(docs), per_group)], size
+
+
+def pad_to_longest_group(x_cf: Tensor, kernel: Tensor, offsets: list[int], docs: list[int], size: int) -> Tensor:
+    """Documents ``docs`` zero-padded to the longest document, convolved as one ``(H, D, P)`` batch.
+
+    Args:
+        x_cf: ``(H, N + 1)`` channels-first pack with a zero last column (the padding).
+
+    Returns:
+        The concatenated outputs of those documents, ``(sum n_d, H)``.
+    """
+    longest = max(offsets[d + 1] - offsets[d] for d in range(len(offsets) - 1))
+    starts = torch.tensor([offsets[d] for d in docs])
+    lengths = torch.tensor([offsets[d + 1] - offsets[d] for d in docs])
+    col = torch.arange(longest)
+    valid = col[None, :] < lengths[:, None]
+    index = torch.where(valid, starts[:, None] + col[None, :], x_cf.shape[1] - 1)
+    xg = x_cf.index_select(1, index.flatten()).view(x_cf.shape[0], len(docs), longest)
+    taps = min(kernel.shape[1], longest)
+    y = torch.fft.irfft(torch.fft.rfft(xg, n=size) * torch.fft.rfft(kernel[:, :taps], n=size)[:, None], n=size)
+    return y[:, :, :longest].flatten(1)[:, valid.flatten()].T
+
+
+def block_diagonal_attention(x: Tensor, offsets: list[int], tile: int = 1024) -> Tensor:
+    """SDPA with a block-diagonal causal mask over the pack, in query tiles (q = k = v = x)."""
+    n, channels = x.shape
+    head_dim = min(64, channels)
+    heads = channels // head_dim
+    qkv = x.T.reshape(heads, head_dim, n).transpose(1, 2)[None]             # (1, heads, N, d)
+    lengths = torch.tensor(np.diff(offsets))
+    doc = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+    doc_start = torch.tensor(offsets[:-1])[doc]
+    outs = []
+    for lo in range(0, n, tile):
+        hi = min(n, lo + tile)
+        key_lo = int(doc_start[lo])  # keys before the tile's first document are masked anyway: skip them
+        rows, cols = torch.arange(lo, hi)[:, None], torch.arange(key_lo, hi)[None, :]
+        mask = (doc[lo:hi, None] == doc[None, key_lo:hi]) & (rows >= cols)
+        keys = qkv[:, :, key_lo:hi]
+        outs.append(F.scaled_dot_product_attention(qkv[:, :, lo:hi], keys, keys, attn_mask=mask))
+    return torch.cat(outs, dim=2)[0].transpose(1, 2).reshape(channels, n).T
+
+
+def _max_rel_error(y: Tensor, ref: Tensor) -> float:
+    return float((y.double() - ref).abs().max() / ref.abs().max())
+
+
+def _op_rows(channels: int, num_tokens: int, kernel_len: int, seed: int, repeats: int) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(seed + num_tokens + channels + kernel_len)
+    lengths = zipf_document_lengths(num_tokens, rng)
+    offsets = [0, *np.cumsum(lengths).tolist()]
+    cu_seqlens = torch.tensor(offsets)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_tokens, channels, generator=gen).requires_grad_()
+    # a decaying random filter, as Hyena's modulated implicit filters are
+    decay = torch.exp(-torch.arange(kernel_len) / (kernel_len / 8))
+    kernel = (torch.randn(channels, kernel_len, generator=gen) * decay / math.sqrt(kernel_len / 8)).requires_grad_()
+    grad_y = torch.randn(num_tokens, channels, generator=gen)
+    with torch.no_grad():
+        reference = per_document_loop(x.double(), kernel.double(), offsets)
+    groups, pad_size = _pad_groups(offsets, channels, kernel_len)
+    timed_groups = groups[: min(len(groups), 2)]
+    timed_docs = sum(len(g) for g in timed_groups)
+    pad_outputs: dict[str, Tensor] = {}
+
+    def fwd_bwd(fn: Any) -> Any:
+        def run() -> None:
+            x.grad = kernel.grad = None
+            fn().backward(grad_y)
+        return run
+
+    def pad_run() -> float:
+        x.grad = kernel.grad = None
+        start = time.perf_counter()
+        x_cf = F.pad(x.T, (0, 1)).detach().requires_grad_()  # once per pass; groups read it
+        once = time.perf_counter() - start
+        outs = []
+        for docs in timed_groups:
+            y = pad_to_longest_group(x_cf, kernel, offsets, docs, pad_size)
+            token_index = torch.cat([torch.arange(offsets[d], offsets[d + 1]) for d in docs])
+            y.backward(grad_y[token_index])
+            outs.append((token_index, y.detach()))
+        groups_time = time.perf_counter() - start - once
+        start = time.perf_counter()
+        x.grad = x_cf.grad[:, :-1].T.contiguous()
+        once += time.perf_counter() - start
+        pad_outputs["y"] = outs  # type: ignore[assignment]
+        # every document costs the same padded FFT: scale the groups' time to all documents
+        return once + groups_time * len(lengths) / timed_docs
+
+    fns = {
+        "rubiconv": fwd_bwd(lambda: packed_long_conv(x, kernel, cu_seqlens)),
+        "per_document_loop": fwd_bwd(lambda: per_document_loop(x, kernel, offsets)),
+        "pad_to_longest": pad_run,
+        "whole_pack_fft": fwd_bwd(lambda: whole_pack_fft(x, kernel)),
+        "attention_sdpa": fwd_bwd(lambda: block_diagonal_attention(x, offsets)),
+    }
+    medians = interleaved_medians(fns, repeats=repeats, warmup=1)
+    with torch.no_grad():
+        errors = {
+            "rubiconv": _max_rel_error(packed_long_conv(x, kernel, cu_seqlens), reference),
+            "per_document_loop": _max_rel_error(per_document_loop(x, kernel, offsets), reference),
+            "whole_pack_fft": _max_rel_error(whole_pack_fft(x, kernel), reference),
+        }
+        idx = torch.cat([t for t, _ in pad_outputs["y"]])  # type: ignore[index]
+        errors["pad_to_longest"] = _max_rel_error(torch.cat([y for _, y in pad_outputs["y"]]), reference[idx])  # type: ignore[index]
+    rows = []
+    for method, seconds in medians.items():
+        rows.append({
+            "part": "op", "method": method, "H": channels, "N": num_tokens, "L": kernel_len, "documents": len(lengths),
+            "longest_doc": max(lengths), "fwd_bwd_ms": seconds * 1e3, "ratio_to_rubiconv": seconds / medians["rubiconv"],
+            "max_rel_error": errors.get(method),
+            "note": (f"extrapolated from {timed_docs}/{len(lengths)} documents" if method == "pad_to_longest"
+                     else "leaks across documents" if method == "whole_pack_fft"
+                     else "different operator: time only" if method == "attention_sdpa" else ""),
+        })
+    return rows
+
+
+def _lm_rows(quick: bool, seed: int) -> list[dict[str, Any]]:
+    """Per-seed rows and, per method, the mean over seeds with the paired gap to RubiConv."""
+    seeds = [seed + i for i in range(2 if quick else 3)]
+    per_seed = [row for s in seeds for row in _lm_run(quick, s)]
+    rows = [{**row, "part": "lm_seed"} for row in per_seed]
+    for method in ("rubiconv", "leaky_whole_pack"):
+        mine = [r for r in per_seed if r["method"] == method]
+        ref = [r for r in per_seed if r["method"] == "rubiconv"]
+        summary = {"part": "lm", "method": method, "respect_boundaries": mine[0]["respect_boundaries"],
+                   "steps": mine[0]["steps"], "seeds": len(seeds)}
+        for key in ("tokens_per_s", "val_loss", "val_loss_per_document"):
+            summary[key] = statistics.fmean(r[key] for r in mine)
+        for key in ("val_loss", "val_loss_per_document"):
+            # paired over seeds: this method minus RubiConv, mean and 95% half-width
+            gaps = [m[key] - r[key] for m, r in zip(mine, ref)]
+            summary[f"{key}_minus_rubiconv"] = statistics.fmean(gaps)
+            summary[f"{key}_minus_rubiconv_ci95"] = 1.96 * statistics.stdev(gaps) / math.sqrt(len(gaps))
+        summary["doc_alone_max_logit_diff"] = max(r["doc_alone_max_logit_diff"] for r in mine)
+        rows.append(summary)
+    return rows
+
+
+def _lm_run(quick: bool, seed: int, steps: int | None = None) -> list[dict[str, Any]]:
+    from lit_lowrank.datamodules import PackedTextDataModule
+    from lit_lowrank.tasks import CausalLMModule
+
+    default_steps, hidden, seq_len, batch_size = (150, 64, 512, 8) if quick else (600, 128, 1024, 8)
+    steps = steps or default_steps
+    data = PackedTextDataModule(corpus="lee", tokenizer="byte", seq_len=seq_len, batch_size=batch_size, seed=seed)
+    data.setup("fit")
+    config = {"model_type": "rubiconv_hyena", "hidden_size": hidden, "num_layers": 2, "max_seq_len": seq_len}
+    modules, optimizers, schedules, step_times = {}, {}, {}, {}
+    for name, respect in (("rubiconv", True), ("leaky_whole_pack", False)):
+        torch.manual_seed(seed)
+        modules[name] = CausalLMModule(model_config=config, respect_boundaries=respect)
+        optimizers[name] = torch.optim.AdamW(modules[name].parameters(), lr=3e-3, weight_decay=0.01)
+        # cosine decay to 10% and clipping: the end point, not a late loss spike, is compared
+        schedules[name] = torch.optim.lr_scheduler.CosineAnnealingLR(optimizers[name], steps, eta_min=3e-4)
+        step_times[name] = []
+    order = torch.Generator().manual_seed(seed)
+    loader = torch.utils.data.DataLoader(data.train_set, batch_size=batch_size, shuffle=True, generator=order,
+                                         drop_last=True)
+    done = 0
+    while done < steps:
+        for batch in loader:
+            for name, module in modules.items():  # the same batch, interleaved: side-by-side timing
+                start = time.perf_counter()
+                loss = module.step(batch)["loss"]
+                optimizers[name].zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+                optimizers[name].step()
+                schedules[name].step()
+                step_times[name].append(time.perf_counter() - start)
+            done += 1
+            if done == steps:
+                break
+    rows = []
+    val_batches = list(data.val_dataloader())
+    for name, module in modules.items():
+        module.eval()
+        trained_as = module.respect_boundaries
+        losses = {}
+        for label, respect in (("val_loss", trained_as), ("val_loss_per_document", True)):
+            module.respect_boundaries = respect
+            total = count = 0.0
+            with torch.no_grad():
+                for batch in val_batches:
+                    n = int((batch["labels"] != -100).sum())
+                    total += float(module.step(batch)["loss"]) * n
+                    count += n
+            losses[label] = total / count
+        module.respect_boundaries = trained_as
+        times = sorted(step_times[name][5:])  # skip warm-up steps
+        rows.append({
+            "part": "lm", "method": name, "seed": seed, "respect_boundaries": trained_as, "steps": steps,
+            "tokens_per_s": batch_size * seq_len / times[len(times) // 2], **losses,
+            "doc_alone_max_logit_diff": _doc_alone_gap(module, val_batches[0]),
+        })
+    return rows
+
+
+def _doc_alone_gap(module: Any, batch: dict[str, Tensor]) -> float:
+    """Largest |logit| difference between documents inside packed rows and each document run alone."""
+    with torch.no_grad():
+        packed = module(batch["input_ids"], batch["position_ids"], batch["doc_ids"]).logits
+        gap = 0.0
+        for row in range(batch["input_ids"].shape[0]):
+            doc_ids = batch["doc_ids"][row]
+            change = torch.nonzero(doc_ids[1:] != doc_ids[:-1]).flatten() + 1
+            bounds = [0, *change.tolist(), doc_ids.numel()]
+            for lo, hi in itertools.pairwise(bounds):
+                alone = module(batch["input_ids"][row : row + 1, lo:hi]).logits
+                gap = max(gap, float((packed[row : row + 1, lo:hi] - alone).abs().max()))
+    return gap
+
+
+def run(quick: bool, seed: int) -> BenchmarkResult:
+    torch.set_num_threads(1)
+    sizes = QUICK_SIZES if quick else FULL_SIZES
+    repeats = 3 if quick else 5
+    start = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    for channels, num_tokens, kernel_len in sizes:
+        rows += _op_rows(channels, num_tokens, kernel_len or num_tokens, seed, repeats)
+    op_seconds = time.perf_counter() - start
+    rows += _lm_rows(quick, seed)
+
+    op = [r for r in rows if r["part"] == "op"]
+    by = {m: [r for r in op if r["method"] == m] for m in {r["method"] for r in op}}
+    lm = {r["method"]: r for r in rows if r["part"] == "lm"}
+    claims = [
+        claim("RubiConv is exact: max relative error vs the float64 reference <= 1e-4",
+              max(r["max_rel_error"] for r in by["rubiconv"]), 1e-4, "<="),
+        claim("whole-pack FFT leaks across documents: its smallest max relative error >= 1e-2",
+              min(r["max_rel_error"] for r in by["whole_pack_fft"]), 1e-2, ">="),
+        claim("RubiConv is faster than the per-document loop at every size (min time ratio > 1)",
+              min(r["ratio_to_rubiconv"] for r in by["per_document_loop"]), 1.0, ">"),
+        claim("RubiConv is faster than pad-to-longest at every size (min time ratio > 1)",
+              min(r["ratio_to_rubiconv"] for r in by["pad_to_longest"]), 1.0, ">"),
+        claim("RubiConv is faster than block-diagonal SDPA attention for N >= 4k (min time ratio > 1)",
+              min(r["ratio_to_rubiconv"] for r in by["attention_sdpa"] if r["N"] >= 4096), 1.0, ">"),
+        claim("LM: respecting boundaries gives lower validation loss than leaking, each evaluated as trained "
+              "on packed windows (leaky - RubiConv, mean over paired seeds, > 0)",
+              lm["leaky_whole_pack"]["val_loss_minus_rubiconv"], 0.0, ">"),
+        claim("LM: ... and on documents alone (both evaluated with boundaries; leaky - RubiConv > 0)",
+              lm["leaky_whole_pack"]["val_loss_per_document_minus_rubiconv"], 0.0, ">"),
+        claim("LM: with RubiConv a packed document's logits equal the document alone (max |diff| <= 1e-4)",
+              lm["rubiconv"]["doc_alone_max_logit_diff"], 1e-4, "<="),
+    ]
+    notes = {"threads": torch.get_num_threads(), "op_seconds": round(op_seconds, 1), "repeats": repeats,
+             "sizes": "N in {4k, 16k} (quick); 32k in the full run" if quick else "N in {4k, 16k, 32k}",
+             "pad_to_longest": "timed on the first <= 2 groups of documents (64 MiB each), scaled to all documents"}
+    return BenchmarkResult(rows, claims, notes)
