@@ -10,7 +10,7 @@ import pytest
 
 from lit_lowrank.benchmarks import harness
 from lit_lowrank.benchmarks.harness import BenchmarkResult, available_benchmarks, claim, run_benchmark
-from lit_lowrank.benchmarks.timing import interleaved_medians
+from lit_lowrank.benchmarks._timing import interleaved_medians
 
 
 def test_claim_is_computed_not_declared():
@@ -24,7 +24,7 @@ def test_claim_is_computed_not_declared():
 def test_overhead_is_discovered_and_private_modules_are_not():
     names = available_benchmarks()
     assert "overhead" in names
-    assert "harness" not in names and "timing" not in names
+    assert "harness" not in names and "_timing" not in names
 
 
 def test_json_contract(monkeypatch, tmp_path):
