@@ -21,8 +21,8 @@ import torch.nn.functional as F
 import torchmetrics
 from torch import Tensor
 
-from lit_lowrank.benchmarks.harness import BenchmarkResult, claim
 from lit_lowrank.benchmarks._timing import interleaved_medians
+from lit_lowrank.benchmarks.harness import BenchmarkResult, claim
 from lit_lowrank.core.loss_hooks import MethodCallback
 from lit_lowrank.models import build_backbone
 from lit_lowrank.tasks import ClassificationModule

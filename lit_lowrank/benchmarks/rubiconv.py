@@ -53,8 +53,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lit_lowrank.benchmarks.harness import BenchmarkResult, claim
 from lit_lowrank.benchmarks._timing import interleaved_medians
+from lit_lowrank.benchmarks.harness import BenchmarkResult, claim
 from lit_lowrank.ops.rubiconv import packed_long_conv
 
 #: (H, N, L) settings; L = None means L = N.

@@ -15,6 +15,7 @@ from lit_lowrank.ops.cut_statistic import cut_statistic, knn_graph
 from lit_lowrank.ops.information_maximization import centroid_pseudo_labels, information_maximization_loss
 from lit_lowrank.ops.safecut_gate import GateMode, safecut_gate
 
+
 class SafeCut(MethodCallback):
     """Two models adapt to an unlabelled target domain and correct each other where a
     label-free reliability test says so.

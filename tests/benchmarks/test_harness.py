@@ -9,8 +9,8 @@ import types
 import pytest
 
 from lit_lowrank.benchmarks import harness
-from lit_lowrank.benchmarks.harness import BenchmarkResult, available_benchmarks, claim, run_benchmark
 from lit_lowrank.benchmarks._timing import interleaved_medians
+from lit_lowrank.benchmarks.harness import BenchmarkResult, available_benchmarks, claim, run_benchmark
 
 
 def test_claim_is_computed_not_declared():
