@@ -9,18 +9,8 @@ import lightning.pytorch as pl
 import torch.nn.functional as F
 from torch import Tensor
 
-from lit_lowrank.core.loss_hooks import MethodCallback
+from lit_lowrank.core.loss_hooks import MethodCallback, require_outputs
 from lit_lowrank.ops.information_maximization import centroid_pseudo_labels, information_maximization_loss
-
-
-def require_outputs(outputs: dict[str, Any], keys: tuple[str, ...], method: str) -> None:
-    """Raise a clear error when a module's ``outputs`` lack what a method reads."""
-    missing = [k for k in keys if outputs.get(k) is None]
-    if missing:
-        raise ValueError(
-            f"{method} needs outputs {list(keys)} from training_step (pass them to apply_loss_hooks); "
-            f"missing {missing}."
-        )
 
 
 class SHOT(MethodCallback):

@@ -1,7 +1,7 @@
 """The small shared machinery: loss hooks, surgery helpers, registry, logging."""
 
 from lit_lowrank.core.logging import log_method, method_key
-from lit_lowrank.core.loss_hooks import OUTPUT_KEYS, MethodCallback, apply_loss_hooks, method_callbacks
+from lit_lowrank.core.loss_hooks import OUTPUT_KEYS, MethodCallback, apply_loss_hooks, method_callbacks, require_outputs
 from lit_lowrank.core.registry import (
     MethodSpec,
     all_methods,
@@ -24,7 +24,7 @@ from lit_lowrank.core.surgery import (
 )
 
 __all__ = [
-    "MethodCallback", "apply_loss_hooks", "method_callbacks", "OUTPUT_KEYS", "log_method", "method_key",
+    "MethodCallback", "apply_loss_hooks", "method_callbacks", "require_outputs", "OUTPUT_KEYS", "log_method", "method_key",
     "MethodSpec", "register_method", "unregister_method", "get_method", "all_methods", "implemented_methods",
     "methods_table", "find_modules", "replace_module", "mark_replaced", "is_replaced", "record_surgery",
     "surgery_records", "save_surgery", "rebuild_surgery", "import_object",

@@ -54,6 +54,16 @@ class MethodCallback(pl.Callback):
         log_method(pl_module, self.method_name, name, value, **kwargs)
 
 
+def require_outputs(outputs: dict[str, Any], keys: tuple[str, ...], method: str) -> None:
+    """Raise a clear error when a module's ``outputs`` lack what a method reads."""
+    missing = [k for k in keys if outputs.get(k) is None]
+    if missing:
+        raise ValueError(
+            f"{method} needs outputs {list(keys)} from training_step (pass them to apply_loss_hooks); "
+            f"missing {missing}."
+        )
+
+
 def method_callbacks(trainer: "pl.Trainer | None") -> list[MethodCallback]:
     """The trainer's :class:`MethodCallback` instances, in callback order."""
     if trainer is None:

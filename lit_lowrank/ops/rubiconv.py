@@ -392,6 +392,19 @@ def _as_flat(x: Tensor, cu_seqlens: Tensor | Sequence[Tensor]) -> tuple[Tensor, 
     return x.reshape(rows * length, x.shape[2]), flat
 
 
+def _check_conv_inputs(x: Tensor, taps: Tensor, bias: Tensor | None, taps_name: str, taps_dim: str) -> int:
+    """Validate ``x`` (N, H) or (B, T, H), taps (H, L) and bias (H,); return H."""
+    if not isinstance(x, Tensor) or x.dim() not in (2, 3):
+        raise ValueError(f"x: expected shape (N, H) or (B, T, H), got {tuple(getattr(x, 'shape', ()))}.")
+    channels = x.shape[-1]
+    if taps.dim() != 2 or taps.shape[0] != channels or taps.shape[1] < 1:
+        raise ValueError(f"{taps_name}: expected shape (H, {taps_dim}) = ({channels}, {taps_dim} >= 1), "
+                         f"got {tuple(taps.shape)}.")
+    if bias is not None and bias.shape != (channels,):
+        raise ValueError(f"bias: expected shape (H,) = ({channels},), got {tuple(bias.shape)}.")
+    return channels
+
+
 def packed_long_conv(
     x: Tensor,
     kernel: Tensor,
@@ -432,13 +445,7 @@ def packed_long_conv(
         y = packed_long_conv(x, kernel, cu_seqlens_from_doc_ids(doc_ids), bias=d)   # x: (N, H)
         y = packed_long_conv(x_bth, kernel, [offsets_row0, offsets_row1])            # x: (2, T, H)
     """
-    if not isinstance(x, Tensor) or x.dim() not in (2, 3):
-        raise ValueError(f"x: expected shape (N, H) or (B, T, H), got {tuple(getattr(x, 'shape', ()))}.")
-    channels = x.shape[-1]
-    if kernel.dim() != 2 or kernel.shape[0] != channels or kernel.shape[1] < 1:
-        raise ValueError(f"kernel: expected shape (H, L) = ({channels}, L >= 1), got {tuple(kernel.shape)}.")
-    if bias is not None and bias.shape != (channels,):
-        raise ValueError(f"bias: expected shape (H,) = ({channels},), got {tuple(bias.shape)}.")
+    _check_conv_inputs(x, kernel, bias, "kernel", "L")
     out_shape, out_dtype = x.shape, x.dtype
     flat, flat_cu = _as_flat(x, cu_seqlens)
     num_tokens, kernel_len = flat.shape[0], kernel.shape[1]
@@ -509,13 +516,7 @@ def packed_short_conv(
 
         y = packed_short_conv(x, torch.randn(x.shape[-1], 3), cu_seqlens)
     """
-    if not isinstance(x, Tensor) or x.dim() not in (2, 3):
-        raise ValueError(f"x: expected shape (N, H) or (B, T, H), got {tuple(getattr(x, 'shape', ()))}.")
-    channels = x.shape[-1]
-    if weight.dim() != 2 or weight.shape[0] != channels or weight.shape[1] < 1:
-        raise ValueError(f"weight: expected shape (H, W) = ({channels}, W >= 1), got {tuple(weight.shape)}.")
-    if bias is not None and bias.shape != (channels,):
-        raise ValueError(f"bias: expected shape (H,) = ({channels},), got {tuple(bias.shape)}.")
+    _check_conv_inputs(x, weight, bias, "weight", "W")
     flat, flat_cu = _as_flat(x, cu_seqlens)
     num_tokens = flat.shape[0]
     offsets = _check_cu_seqlens(flat_cu, num_tokens)
