@@ -1,7 +1,8 @@
 """Methods that act from outside a module (one file each)."""
 
+from lit_lowrank.callbacks.castor import CastorDiagnostics
 from lit_lowrank.callbacks.safecut import SafeCut
 from lit_lowrank.callbacks.shot import SHOT
 from lit_lowrank.core.loss_hooks import MethodCallback
 
-__all__ = ["MethodCallback", "SHOT", "SafeCut"]
+__all__ = ["CastorDiagnostics", "MethodCallback", "SHOT", "SafeCut"]

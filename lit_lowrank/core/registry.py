@@ -142,7 +142,11 @@ register_method(MethodSpec(
 _planned("specblock", "SpecBlock block-iterative speculative-decoding drafter", "engine", ("language_model",), 9)
 _planned("nn_qst", "Neural-network quantum state tomography, max-sliced W1", "engine", ("tomography",), 19)
 _planned("fed_lowshot", "Federated low-shot intrusion detection with a prior bank", "engine", ("fewshot",), 20)
-_planned("castor", "Castor self-tuning graph filter with routing and momentum", "op", ("graph",), 16)
+register_method(MethodSpec(
+    "castor", "Castor self-tuning graph filter with routing and momentum", "op", ("graph",), 16,
+    component="lit_lowrank.models.Castor", config="configs/graph/castor_csbm.yaml",
+    baseline_config="configs/graph/gprgnn_csbm.yaml", benchmark="castor",
+))
 _planned("camel", "CAMEL Creator-Appraiser meta-learning of new concepts", "engine", ("diffusion",), 15)
 _planned("polar_vbll", "PoLAR adapters with a variational Bayesian last layer", "adapter", ("classification", "language_model"), 6)
 register_method(MethodSpec(

@@ -31,6 +31,19 @@ from typing import Any
 
 from torch import nn
 
+from lit_lowrank.models.castor import Castor
+from lit_lowrank.models.graph_baselines import (
+    ACMGCN,
+    GPRGNN,
+    APPNPNet,
+    BernNet,
+    ChebNet,
+    ChebNetII,
+    FAGCNNet,
+    GCNIINet,
+    MixHopNet,
+    SGCNet,
+)
 from lit_lowrank.models.pretrained import (
     encode_sentences,
     load_minilm,
@@ -73,6 +86,14 @@ __all__ = [
     "smollm2_path",
     "token_bag",
 ]
+__all__ += ["ACMGCN", "APPNPNet", "BernNet", "Castor", "ChebNet", "ChebNetII", "FAGCNNet", "GCNIINet", "GPRGNN",
+            "GRAPH_MODELS", "MixHopNet", "SGCNet"]
+
+#: Our node-classification models by lower-case name (``NodeClassificationModule(model="castor")``).
+GRAPH_MODELS: dict[str, type[nn.Module]] = {
+    "castor": Castor, "gprgnn": GPRGNN, "bernnet": BernNet, "chebnetii": ChebNetII, "acmgcn": ACMGCN,
+    "appnp": APPNPNet, "sgc": SGCNet, "chebnet": ChebNet, "gcnii": GCNIINet, "fagcn": FAGCNNet, "mixhop": MixHopNet,
+}
 
 #: Our own backbones: name -> builder returning a feature extractor with ``num_features``.
 BACKBONES: dict[str, Callable[..., nn.Module]] = {

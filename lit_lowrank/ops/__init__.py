@@ -1,5 +1,13 @@
 """Pure torch functions (no Lightning) that methods and task modules call."""
 
+from lit_lowrank.ops.castor import (
+    bounded_beta,
+    castor_hop,
+    castor_mix,
+    router_mass_by_homophily,
+    router_probabilities,
+)
+from lit_lowrank.ops.graph_propagation import as_edge_index, local_homophily, normalized_adjacency
 from lit_lowrank.ops.packing import block_causal_mask, cu_seqlens_from_doc_ids, position_ids_from_doc_ids
 from lit_lowrank.ops.rubiconv import (
     RubiConvPlan,
@@ -21,6 +29,10 @@ from lit_lowrank.ops.specdrop import (
 )
 
 __all__ = ["block_causal_mask", "cu_seqlens_from_doc_ids", "position_ids_from_doc_ids"]
+__all__ += [
+    "as_edge_index", "bounded_beta", "castor_hop", "castor_mix", "local_homophily", "normalized_adjacency",
+    "router_mass_by_homophily", "router_probabilities",
+]
 __all__ += [
     "RubiConvPlan", "cu_seqlens_for_rows", "packed_long_conv", "packed_long_conv_reference", "packed_short_conv",
     "plan_packed_conv",

@@ -19,7 +19,8 @@ from lit_lowrank.tasks.base import TaskModule
 def build_graph_model(name: str, in_channels: int, out_channels: int, **kwargs: Any) -> nn.Module:
     """A node-classification model by name: a ``torch_geometric.nn.models`` class
     (``GCN``, ``GAT``, ``GraphSAGE``, ``GIN``, ``MLP``, ``LINKX``...; PyG's name wins),
-    a model class from ``lit_lowrank.models`` or a dotted import path; built with
+    a lower-case name of ``lit_lowrank.models.GRAPH_MODELS`` (``castor``, ``gprgnn``,
+    ``bernnet``...), a model class from ``lit_lowrank.models`` or a dotted import path; built with
     ``in_channels``/``out_channels`` plus ``kwargs``.
     """
     import torch_geometric.nn.models as pyg_models
@@ -28,6 +29,8 @@ def build_graph_model(name: str, in_channels: int, out_channels: int, **kwargs: 
 
     if hasattr(pyg_models, name):
         cls = getattr(pyg_models, name)
+    elif name.lower() in ours.GRAPH_MODELS:  # our graph models by lower-case name ("castor", "gprgnn", ...)
+        cls = ours.GRAPH_MODELS[name.lower()]
     elif hasattr(ours, name) and isinstance(getattr(ours, name), type):
         cls = getattr(ours, name)
     elif "." in name:
