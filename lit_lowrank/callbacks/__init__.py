@@ -2,7 +2,9 @@
 
 from lit_lowrank.callbacks.castor import CastorDiagnostics
 from lit_lowrank.callbacks.safecut import SafeCut
+from lit_lowrank.callbacks.sara import SARA
+from lit_lowrank.callbacks.sara_controller import SARAController, apply_sara
 from lit_lowrank.callbacks.shot import SHOT
 from lit_lowrank.core.loss_hooks import MethodCallback
 
-__all__ = ["CastorDiagnostics", "MethodCallback", "SHOT", "SafeCut"]
+__all__ = ["CastorDiagnostics", "MethodCallback", "SARA", "SARAController", "SHOT", "SafeCut", "apply_sara"]

@@ -161,7 +161,11 @@ _planned("spirit", "SPIRIT online layer-skipping self-speculative decoding", "en
 _planned("sphquant", "SPHQuant spherical weight-only quantization", "engine", ("language_model",), 12)
 _planned("sds_lora", "SDS-LoRA singular-direction-scaled LoRA gradients", "adapter", ("classification", "language_model"), 5)
 _planned("sd_lora", "SD-LoRA structural distillation for few-shot CLIP", "adapter", ("fewshot",), 7)
-_planned("sara", "SARA step-adaptive SVD rank for diffusion inference", "callback", ("diffusion",), 14)
+register_method(MethodSpec(
+    "sara", "SARA step-adaptive SVD rank for diffusion inference", "callback", ("diffusion",), 14,
+    component="lit_lowrank.callbacks.SARA", config="configs/diffusion/sara_dp_digits.yaml",
+    baseline_config="configs/diffusion/sara_uniform_digits.yaml", benchmark="sara",
+))
 register_method(MethodSpec(
     "rubiconv", "RubiConv exact boundary-respecting packed FFT convolution", "op", ("language_model",), 18,
     component="lit_lowrank.ops.rubiconv.packed_long_conv", config="configs/language_model/rubiconv_hyena.yaml",

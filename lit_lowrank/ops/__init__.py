@@ -17,6 +17,17 @@ from lit_lowrank.ops.rubiconv import (
     packed_short_conv,
     plan_packed_conv,
 )
+from lit_lowrank.ops.sara import (
+    break_even_rank,
+    factored_macs,
+    lrae_data,
+    lrae_spectrum,
+    online_rank,
+    online_threshold,
+    output_change,
+    rank_levels,
+    solve_rank_dp,
+)
 from lit_lowrank.ops.specdrop import (
     diagonal_dominance,
     grouped_sensitivity,
@@ -40,4 +51,8 @@ __all__ += [
 __all__ += [
     "diagonal_dominance", "grouped_sensitivity", "load_balancing_loss", "sensitivity_matrix", "soft_moe_weights",
     "specdrop_merge", "specdrop_weights", "topk_routing",
+]
+__all__ += [
+    "break_even_rank", "factored_macs", "lrae_data", "lrae_spectrum", "online_rank", "online_threshold",
+    "output_change", "rank_levels", "solve_rank_dp",
 ]

@@ -97,10 +97,26 @@ def specdrop_case() -> ContractCase:
     )
 
 
+def sara_case() -> ContractCase:
+    from lit_lowrank.callbacks import SARA
+    from tests.callbacks.sara_plain import PlainUserDiffusion
+
+    return ContractCase(
+        name="sara",
+        # validation at the last step runs SARA's sampling diagnostic (calibration + sampling) in fit
+        make_callbacks=lambda: [SARA(mode="dp", budget=0.6, num_inference_steps=3, calibration_samples=2,
+                                     eval_samples=2)],
+        make_module=PlainUserDiffusion,
+        make_data=_digits,
+        trainer_kwargs={"limit_val_batches": 1, "val_check_interval": 3, "num_sanity_val_steps": 0},
+    )
+
+
 #: method name -> case factory. The reference method is always present so the suite is
 #: exercised before (and besides) the real methods.
 CASES: dict[str, Callable[[], ContractCase]] = {
     "reference": reference_case,
     "safecut": safecut_case,
+    "sara": sara_case,
     "specdrop": specdrop_case,
 }

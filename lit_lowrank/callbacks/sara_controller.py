@@ -1,0 +1,428 @@
+"""SARAController: the functional form of SARA — SVD surgery, per-step rank policy, calibration, MACs.
+
+Pure PyTorch (no Lightning): it works on any denoiser ``nn.Module`` — our
+``DiffusionModule.model``, a diffusers ``UNet2DModel`` / ``UNet2DConditionModel`` /
+``DiTTransformer2DModel`` / ``SD3Transformer2DModel`` inside a pipeline — because it only
+needs the denoiser's forward calls: a forward pre-hook reads the timestep argument
+(``args[1]`` or ``timestep``/``timesteps``/``t``) to know the step (a new sampling run
+starts when the timestep goes up; a repeated timestep — classifier-free guidance — is
+the same step), and a forward hook sees the output (SARA-Online's signal, SARA-DP's
+calibration). ``step_source`` overrides the timestep rule with an exact step index
+(``DiffusionModule.current_step_index``). Nothing patches ``forward``.
+
+Policies (``set_*``): ``full`` (original layers, bit-exact), ``uniform`` (one rank
+fraction everywhere), ``static`` (per-layer rank keeping an energy fraction, the
+classic static SVD compression), ``dp`` (a per-step × per-block level schedule from
+:meth:`calibrate`) and ``online`` (per-step threshold from the output change).
+
+.. code-block:: python
+
+    from lit_lowrank.callbacks.sara_controller import apply_sara
+
+    with apply_sara(pipe.unet) as sara:                     # diffusers pipeline, or module.model
+        sara.calibrate(lambda: pipe(prompts[:2], num_inference_steps=25), budget=0.6)
+        images = pipe(prompts, num_inference_steps=25).images
+        print(sara.macs_ratio())
+    # leaving the block restores the original Linear layers
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from lit_lowrank.core.surgery import find_modules, mark_replaced, replace_module
+from lit_lowrank.ops.lowrank import rank_for_energy
+from lit_lowrank.ops.sara import (
+    factored_macs,
+    online_rank,
+    online_threshold,
+    output_change,
+    rank_levels,
+    solve_rank_dp,
+)
+from lit_lowrank.ops.svd_linear import SVDLinear, is_pointwise_conv
+
+__all__ = ["DEFAULT_LEVELS", "SARAController", "apply_sara", "auto_block_name"]
+
+#: rank fractions of ``min(m, n)`` that SARA-DP chooses among (1.0 = the original layer).
+DEFAULT_LEVELS: tuple[float, ...] = (0.125, 0.25, 0.375, 0.5, 1.0)
+_TIMESTEP_KEYS = ("timestep", "timesteps", "t")
+
+
+def auto_block_name(name: str) -> str:
+    """Block of a layer: its qualified name up to the first numeric index (``down_blocks.1``,
+    ``transformer_blocks.3``), else its first component (``time_embedding``, ``proj_out_1``)."""
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: i + 1])
+    return parts[0]
+
+
+def _tensor_of(output: Any) -> Tensor:
+    if isinstance(output, Tensor):
+        return output
+    if hasattr(output, "sample"):
+        return output.sample
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
+        return output[0]
+    raise TypeError(f"SARA cannot read a tensor from the denoiser output of type {type(output).__name__}.")
+
+
+class SARAController:
+    """Factor a denoiser's Linear layers by SVD and choose their rank per denoising step.
+
+    Args:
+        denoiser: the network called once (or once per guidance branch) per solver step.
+        target: regex / names of the layers to factor (default: every ``nn.Linear``).
+        include_conv1x1: also factor pointwise ``nn.Conv2d`` layers.
+        blocks: ``"auto"`` (:func:`auto_block_name`) or a list of regexes; a layer belongs to
+            the first block regex it matches (unmatched layers form the block ``"other"``).
+        levels: rank fractions of ``min(m, n)`` for the DP and uniform grids.
+        step_source: returns the current step index (``None`` = use the timestep rule).
+    """
+
+    def __init__(self, denoiser: nn.Module, target: str | Sequence[str] | None = None,
+                 include_conv1x1: bool = False, blocks: str | Sequence[str] = "auto",
+                 levels: Sequence[float] = DEFAULT_LEVELS,
+                 step_source: Callable[[], int | None] | None = None) -> None:
+        if not isinstance(denoiser, nn.Module):
+            raise TypeError(f"`denoiser` must be an nn.Module, got {type(denoiser).__name__}.")
+        self.denoiser = denoiser
+        self.target, self.include_conv1x1 = target, include_conv1x1
+        self.block_spec = blocks
+        self.levels = tuple(sorted(levels))
+        rank_levels(8, self.levels)  # validates the fractions
+        self.step_source = step_source
+        self.layers: dict[str, SVDLinear] = {}
+        self.block_of: dict[str, str] = {}
+        self.blocks: list[str] = []
+        self._originals: dict[str, nn.Module] = {}
+        self._handles: list[Any] = []
+        self.policy = "full"
+        self.schedule: np.ndarray | None = None  # (T, B) level index per step and block
+        self.threshold = 0.0
+        self._static: dict[str, int | None] = {}
+        self.step = -1
+        self._last_t: float | None = None
+        self._outputs: dict[int, Tensor] = {}
+        self._reference_change: float | None = None
+        self._tau: float | None = None
+        self._inside = False
+        self._calibration: list[tuple[np.ndarray, np.ndarray]] | None = None
+        self._timestep: float | None = None
+        self._calibration_t: dict[int, float] = {}
+        #: timestep of each step of the calibrated DP schedule (maps calls outside a sampling loop)
+        self.schedule_timesteps: list[float] = []
+        self.step_ranks: list[dict[str, int | None]] = []
+
+    # -- surgery -----------------------------------------------------------------------
+    @property
+    def attached(self) -> bool:
+        return bool(self._originals)
+
+    def attach(self) -> SARAController:
+        """Replace the target layers with :class:`SVDLinear` (once) and hook the denoiser."""
+        if self.attached:
+            return self
+        types = (nn.Linear, nn.Conv2d) if self.include_conv1x1 else nn.Linear
+        found = [(n, m) for n, m in find_modules(self.denoiser, self.target, types=types)
+                 if isinstance(m, nn.Linear) or is_pointwise_conv(m)]
+        if not found:
+            raise ValueError(f"`target`={self.target!r} matches no Linear{' / 1x1 conv' if self.include_conv1x1 else ''}"
+                             f" layer of {type(self.denoiser).__name__}.")
+        for name, module in found:
+            layer = mark_replaced(SVDLinear(module), "sara")
+            self._originals[name] = replace_module(self.denoiser, name, layer)
+            self.layers[name] = layer
+            self.block_of[name] = self._block_name(name)
+        self.blocks = list(dict.fromkeys(self.block_of.values()))
+        self._handles = [
+            self.denoiser.register_forward_pre_hook(self._pre_hook, with_kwargs=True),
+            self.denoiser.register_forward_hook(self._post_hook, with_kwargs=True),
+        ]
+        return self
+
+    def detach(self) -> None:
+        """Put the original layers back and remove the hooks (the denoiser is as before)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        for name, original in self._originals.items():
+            replace_module(self.denoiser, name, original)
+        self._originals.clear()
+        self.layers.clear()
+
+    def __enter__(self) -> SARAController:
+        return self.attach()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.detach()
+
+    def _block_name(self, name: str) -> str:
+        if self.block_spec == "auto":
+            return auto_block_name(name)
+        for pattern in self.block_spec:
+            if re.search(pattern, name):
+                return pattern
+        return "other"
+
+    def _require_attached(self) -> None:
+        if not self.attached:
+            raise RuntimeError("SARAController is not attached: call attach() or use it as a context manager.")
+
+    # -- policies ----------------------------------------------------------------------
+    def level_ranks(self, name: str) -> list[int | None]:
+        """The layer's rank at each level (``None`` where the level runs the dense layer)."""
+        layer = self.layers[name]
+        ranks = [max(1, min(layer.full_rank, round(f * layer.full_rank))) for f in self.levels]
+        return [None if layer.runs_dense(r) else r for r in ranks]
+
+    def set_full(self) -> None:
+        self.policy = "full"
+
+    def set_uniform(self, fraction: float) -> None:
+        """Every layer at ``round(fraction · min(m, n))`` at every step."""
+        self._require_attached()
+        if not 0 < fraction <= 1:
+            raise ValueError(f"`fraction` must be in (0, 1], got {fraction!r}.")
+        self._static = {n: max(1, round(fraction * m.full_rank)) for n, m in self.layers.items()}
+        self.policy = "static"
+
+    def set_static_energy(self, energy: float) -> None:
+        """Static SVD compression: each layer keeps the smallest rank holding ``energy`` of ``Σ σ²``."""
+        self._require_attached()
+        self._static = {n: int(rank_for_energy(m.singular, energy)) for n, m in self.layers.items()}
+        self.policy = "static"
+
+    def set_schedule(self, schedule: np.ndarray | Sequence[Sequence[int]]) -> None:
+        """SARA-DP: ``schedule[t, b]`` = level index of block ``b`` at step ``t``."""
+        self._require_attached()
+        schedule = np.asarray(schedule, dtype=np.int64)
+        if schedule.ndim != 2 or schedule.shape[1] != len(self.blocks):
+            raise ValueError(f"`schedule` must be (steps, {len(self.blocks)} blocks), got shape {schedule.shape}.")
+        if schedule.min() < 0 or schedule.max() >= len(self.levels):
+            raise ValueError(f"`schedule` entries must be level indices in [0, {len(self.levels) - 1}].")
+        self.schedule, self.policy = schedule, "dp"
+
+    def set_online(self, threshold: float) -> None:
+        """SARA-Online with scale ``threshold`` (see :func:`~lit_lowrank.ops.sara.online_threshold`)."""
+        self._require_attached()
+        if threshold < 0:
+            raise ValueError(f"`threshold` must be >= 0, got {threshold!r}.")
+        self.threshold, self.policy = float(threshold), "online"
+
+    def ranks_for_step(self, step: int) -> dict[str, int | None]:
+        """The rank of every layer at ``step`` under the current policy."""
+        if self.policy == "full":
+            return dict.fromkeys(self.layers)
+        if self.policy == "static":
+            return dict(self._static)
+        if self.policy == "dp":
+            assert self.schedule is not None
+            if step >= len(self.schedule):
+                raise ValueError(f"SARA-DP schedule covers {len(self.schedule)} steps but step {step} ran: sample "
+                                 f"with num_inference_steps={len(self.schedule)} or calibrate again.")
+            index = {b: i for i, b in enumerate(self.blocks)}
+            return {n: self.level_ranks(n)[int(self.schedule[step, index[self.block_of[n]]])] for n in self.layers}
+        change = output_change(self._outputs.get(step - 1), self._outputs.get(step - 2))
+        if change is not None and self._reference_change is None:
+            self._reference_change = change
+        ran = self.step_ranks
+        if step >= 3 and len(ran) >= step and ran[step - 1] != ran[step - 2] and self._tau is not None:
+            # the last two outputs came from different truncations: their difference measures the switch,
+            # not the trajectory, so keep the previous threshold
+            tau = self._tau
+        else:
+            tau = online_threshold(change, self._reference_change, self.threshold)
+        self._tau = tau
+        if tau is None:
+            return dict.fromkeys(self.layers)
+        # rows of the previous call: the tolerance of a layer scales with the MACs it can save
+        dense = {n: max(m.rows_seen, 1) * m.out_features * m.in_features for n, m in self.layers.items()}
+        top = max(dense.values())
+        return {n: online_rank(m.singular, tau, m.out_features, m.in_features, cost_share=dense[n] / top)
+                for n, m in self.layers.items()}
+
+    # -- hooks -------------------------------------------------------------------------
+    @staticmethod
+    def _read_timestep(args: tuple[Any, ...], kwargs: dict[str, Any]) -> float | None:
+        t = args[1] if len(args) > 1 else next((kwargs[k] for k in _TIMESTEP_KEYS if k in kwargs), None)
+        if t is None:
+            return None
+        return float(t.flatten()[0]) if isinstance(t, Tensor) else float(t)
+
+    def _current_step(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+        t = self._read_timestep(args, kwargs)
+        self._timestep = t
+        if self.step_source is not None:
+            index = self.step_source()
+            if index is not None:
+                if index == 0 and self.step != 0:
+                    self._new_run()
+                return int(index)
+            # a call outside the sampling loop (e.g. a test-loss forward at random timesteps): no history;
+            # a DP schedule is read at the calibrated step whose timestep is nearest
+            self._new_run()
+            if self.policy == "dp" and self.schedule_timesteps and t is not None:
+                return int(np.argmin(np.abs(np.asarray(self.schedule_timesteps) - t)))
+            return 0
+        if t is None:
+            raise ValueError("SARA could not read the timestep of the denoiser call (positional argument 1 or "
+                             f"one of {_TIMESTEP_KEYS}); pass `step_source`.")
+        if self._last_t is None or t > self._last_t:  # timesteps decrease within a run: a rise starts a new one
+            self._new_run()
+            step = 0
+        else:
+            step = self.step + (t < self._last_t)
+        self._last_t = t
+        return step
+
+    def _new_run(self) -> None:
+        self._outputs.clear()
+        self._reference_change = None
+        self._tau = None
+
+    def _pre_hook(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self._inside:
+            return
+        self.step = self._current_step(args, kwargs)
+        ranks = dict.fromkeys(self.layers) if self._calibration is not None else self.ranks_for_step(self.step)
+        for name, layer in self.layers.items():
+            layer.rank = ranks[name]
+        while len(self.step_ranks) <= self.step:
+            self.step_ranks.append({})
+        self.step_ranks[self.step] = ranks
+
+    def _post_hook(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        if self._inside:
+            return
+        out = _tensor_of(output).detach()
+        self._outputs[self.step] = out
+        self._outputs.pop(self.step - 3, None)
+        if self._calibration is not None:
+            self._measure(args, kwargs, out)
+
+    # -- SARA-DP calibration ------------------------------------------------------------
+    @torch.no_grad()
+    def _measure(self, args: tuple[Any, ...], kwargs: dict[str, Any], reference: Tensor) -> None:
+        """Teacher-forced LRAE of every (block, level) at this step: the full-rank trajectory runs on,
+        and each block alone is truncated to each level in an extra forward on the same input."""
+        errors = np.zeros((len(self.blocks), len(self.levels)))
+        costs = np.zeros((len(self.blocks), len(self.levels)))
+        norm = reference.double().norm().clamp_min(1e-12)
+        self._inside = True
+        try:
+            for b, block in enumerate(self.blocks):
+                names = [n for n in self.layers if self.block_of[n] == block]
+                for j in range(len(self.levels)):
+                    ranks = {n: self.level_ranks(n)[j] for n in names}
+                    costs[b, j] = sum(factored_macs(self.layers[n].rows_seen, self.layers[n].out_features,
+                                                    self.layers[n].in_features, ranks[n]) for n in names)
+                    if all(r is None for r in ranks.values()):
+                        continue  # the dense level: no error
+                    for n in names:
+                        self.layers[n].rank = ranks[n]
+                    out = _tensor_of(self.denoiser(*args, **kwargs))
+                    errors[b, j] = float((out.double() - reference.double()).norm() / norm)
+                    for n in names:
+                        self.layers[n].rank = None
+        finally:
+            self._inside = False
+        assert self._calibration is not None
+        while len(self._calibration) <= self.step:
+            self._calibration.append((errors, costs))
+        self._calibration[self.step] = (errors, costs)
+        if self._timestep is not None:
+            self._calibration_t[self.step] = self._timestep
+
+    def calibrate(self, run: Callable[[], Any], budget: float, **dp_kwargs: Any) -> np.ndarray:
+        """SARA-DP: measure per-(step, block, level) LRAE while ``run()`` samples at full rank, then
+        solve the schedule that minimises the summed error with factored-layer MACs ``≤ budget ×`` full.
+
+        Args:
+            run: a zero-argument call that samples with the denoiser (warm-up prompts / labels), with the
+                same number of steps as the sampling the schedule is for.
+            budget: MACs of the factored layers as a fraction of their full-rank MACs, in ``(0, 1]``.
+            dp_kwargs: ``unit`` / ``resolution`` of :func:`~lit_lowrank.ops.sara.solve_rank_dp`.
+
+        Returns:
+            the ``(T, B)`` schedule, also installed (``policy = "dp"``).
+        """
+        self._require_attached()
+        if not 0 < budget <= 1:
+            raise ValueError(f"`budget` must be a MACs fraction in (0, 1], got {budget!r}.")
+        self._calibration, self._calibration_t = [], {}
+        try:
+            run()
+            measured = self._calibration
+        finally:
+            self._calibration = None
+        if not measured:
+            raise RuntimeError("SARA calibration: `run` never called the denoiser.")
+        errors = np.stack([e for e, _ in measured])  # (T, B, L)
+        costs = np.stack([c for _, c in measured])
+        steps, blocks, levels = errors.shape
+        total = costs[..., -1].sum()
+        choice = solve_rank_dp(errors.reshape(-1, levels), costs.reshape(-1, levels), budget * total, **dp_kwargs)
+        self.calibration_errors, self.calibration_costs = errors, costs
+        self.set_schedule(choice.reshape(steps, blocks))
+        self.schedule_timesteps = [self._calibration_t[i] for i in range(steps)] if len(self._calibration_t) == steps \
+            else []
+        self.reset_macs()
+        assert self.schedule is not None
+        return self.schedule
+
+    # -- accounting ----------------------------------------------------------------------
+    def reset_macs(self) -> None:
+        for layer in self.layers.values():
+            layer.reset_macs()
+        self.step_ranks = []
+
+    def macs(self) -> tuple[int, int]:
+        """``(used, dense)`` MACs of the factored layers since :meth:`reset_macs`."""
+        return (sum(m.macs_used for m in self.layers.values()), sum(m.macs_dense for m in self.layers.values()))
+
+    def macs_ratio(self) -> float:
+        used, dense = self.macs()
+        return used / dense if dense else math.nan
+
+
+def apply_sara(denoiser: nn.Module, mode: str = "full", budget: float | None = None,
+               threshold: float | None = None, **kwargs: Any) -> SARAController:
+    """Attach a :class:`SARAController` to ``denoiser`` with a data-free policy.
+
+    Args:
+        mode: ``"full"``, ``"uniform"`` (``budget`` = rank fraction), ``"static"`` (``budget`` = energy
+            kept) or ``"online"`` (``threshold``). SARA-DP needs :meth:`SARAController.calibrate`.
+        kwargs: :class:`SARAController` arguments.
+
+    .. code-block:: python
+
+        with apply_sara(model.model, mode="online", threshold=0.5) as sara:
+            images = model.sample(16, class_labels=labels)
+    """
+    if mode not in ("full", "uniform", "static", "online"):
+        raise ValueError(f"`mode`={mode!r}, expected 'full', 'uniform', 'static' or 'online' "
+                         "(SARA-DP: attach, then calibrate()).")
+    controller = SARAController(denoiser, **kwargs).attach()
+    if mode == "uniform":
+        controller.set_uniform(_required(budget, "budget", mode))
+    elif mode == "static":
+        controller.set_static_energy(_required(budget, "budget", mode))
+    elif mode == "online":
+        controller.set_online(_required(threshold, "threshold", mode))
+    return controller
+
+
+def _required(value: float | None, name: str, mode: str) -> float:
+    if value is None:
+        raise ValueError(f"mode={mode!r} needs `{name}`.")
+    return float(value)

@@ -1,0 +1,135 @@
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch import nn
+
+from lit_lowrank.callbacks import SARA
+from lit_lowrank.callbacks.sara_controller import SARAController, apply_sara, auto_block_name
+from lit_lowrank.datamodules import DigitsDataModule
+from lit_lowrank.ops.svd_linear import SVDLinear
+from lit_lowrank.tasks import DiffusionModule
+from tests.callbacks.sara_plain import PlainUserDiffusion, TinyConditionalDenoiser
+
+
+def _module(seed: int = 0, unet: bool = False) -> DiffusionModule:
+    torch.manual_seed(seed)
+    if unet:  # the real diffusers UNet2DModel (attention Linear layers); slower, used once
+        return DiffusionModule(num_classes=10).eval()
+    return DiffusionModule(model=TinyConditionalDenoiser(), num_classes=10, num_train_timesteps=100).eval()
+
+
+def _sample(module, n=4, steps=4, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    noise = torch.randn((n, 1, 8, 8), generator=g)
+    return module.sample(n, class_labels=torch.arange(n) % 10, num_inference_steps=steps, noise=noise)
+
+
+def _trainer(tmp_path, callbacks, **kwargs):
+    defaults = dict(max_steps=2, default_root_dir=tmp_path, logger=False, enable_checkpointing=False,
+                    enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1)
+    return pl.Trainer(callbacks=callbacks, **{**defaults, **kwargs})
+
+
+def test_auto_blocks():
+    assert auto_block_name("down_blocks.1.attentions.0.to_q") == "down_blocks.1"
+    assert auto_block_name("transformer_blocks.3.ff.net.2") == "transformer_blocks.3"
+    assert auto_block_name("time_embedding.linear_1") == "time_embedding"
+
+
+def test_controller_restores_the_original_layers():
+    module = _module(unet=True)
+    before = _sample(module, n=2, steps=2)
+    originals = {n: m for n, m in module.model.named_modules() if isinstance(m, nn.Linear)}
+    state = {k: v.clone() for k, v in module.model.state_dict().items()}
+    with apply_sara(module.model, mode="uniform", budget=0.25) as sara:
+        assert set(sara.layers) == set(originals)
+        assert all(isinstance(module.model.get_submodule(n), SVDLinear) for n in originals)
+        truncated = _sample(module, n=2, steps=2)
+        assert sara.macs_ratio() < 1
+    assert not torch.equal(truncated, before)
+    after = {n: m for n, m in module.model.named_modules() if isinstance(m, nn.Linear)}
+    assert after.keys() == originals.keys() and all(after[n] is originals[n] for n in originals)
+    assert not module.model._forward_hooks and not module.model._forward_pre_hooks
+    assert all(torch.equal(v, state[k]) for k, v in module.model.state_dict().items())
+    assert torch.equal(_sample(module, n=2, steps=2), before)
+
+
+def test_full_rank_reproduces_samples_exactly_and_steps_follow_the_timestep():
+    module = _module()
+    before = _sample(module, steps=5)
+    controller = SARAController(module.model).attach()  # no step_source: the timestep rule
+    try:
+        assert torch.equal(_sample(module, steps=5), before)
+        assert len(controller.step_ranks) == 5 and controller.macs_ratio() == 1.0
+        controller.set_uniform(0.25)
+        controller.reset_macs()
+        _sample(module, steps=3)  # a second run restarts at step 0
+        assert len(controller.step_ranks) == 3 and controller.step == 2
+    finally:
+        controller.detach()
+
+
+def test_dp_schedule_meets_the_budget_and_beats_nothing_by_construction():
+    module = _module()
+    controller = SARAController(module.model, step_source=lambda: module.current_step_index).attach()
+    try:
+        schedule = controller.calibrate(lambda: _sample(module, n=2, steps=3, seed=5), budget=0.5)
+        assert schedule.shape == (3, len(controller.blocks))
+        # the realised MACs of a run with another batch size respect the budget (costs scale with rows)
+        _sample(module, n=6, steps=3)
+        assert controller.macs_ratio() <= 0.5 + 1e-9
+        # the DP's objective is no worse than the uniform schedule at the same level with a lower cost
+        e, c = controller.calibration_errors, controller.calibration_costs
+        chosen = e[torch.arange(3)[:, None].numpy(), torch.arange(e.shape[1])[None].numpy(), schedule].sum()
+        for level in range(len(controller.levels)):
+            if c[..., level].sum() <= 0.5 * c[..., -1].sum():
+                assert chosen <= e[..., level].sum() + 1e-12
+        with pytest.raises(ValueError, match="num_inference_steps=3"):
+            _sample(module, n=2, steps=4)
+    finally:
+        controller.detach()
+
+
+@pytest.mark.parametrize("mode", ["online", "dp"])
+def test_callback_factors_during_test_and_restores_after(tmp_path, mode):
+    module = _module().train()
+    seen = {}
+
+    class Probe(pl.Callback):
+        def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+            seen["svd"] = any(isinstance(m, SVDLinear) for m in pl_module.model.modules())
+
+    # the test loss calls the denoiser at random timesteps outside a sampling loop: a DP schedule is
+    # read at the calibrated step with the nearest timestep
+    sara = SARA(mode=mode, threshold=0.5, eval_samples=0, num_inference_steps=3, calibration_samples=2)
+    _trainer(tmp_path, [sara, Probe()], limit_test_batches=1).test(module, datamodule=DigitsDataModule(batch_size=16))
+    assert seen["svd"] is True
+    assert not any(isinstance(m, SVDLinear) for m in module.model.modules())
+    assert sara.controller is None
+
+
+def test_validation_diagnostic_in_fit(tmp_path):
+    sara = SARA(mode="dp", budget=0.6, num_inference_steps=3, calibration_samples=2, eval_samples=3)
+    module = _module().train()
+    trainer = _trainer(tmp_path, [sara], limit_val_batches=1, val_check_interval=2, num_sanity_val_steps=0)
+    trainer.fit(module, datamodule=DigitsDataModule(batch_size=16))
+    metrics = trainer.callback_metrics
+    assert 0 < float(metrics["method/sara/macs_ratio"]) <= 0.6 + 1e-9
+    assert float(metrics["method/sara/sample_rel_error"]) >= 0
+    assert not any(isinstance(m, SVDLinear) for m in module.model.modules())
+
+
+def test_plain_module_and_clear_errors():
+    plain = PlainUserDiffusion()
+    sara = SARA(mode="uniform", budget=0.25, num_inference_steps=4, eval_samples=4)
+    ratio, error = sara.evaluate(plain)
+    assert ratio < 1 and error > 0
+    assert not any(isinstance(m, SVDLinear) for m in plain.modules())
+    with pytest.raises(ValueError, match="mode"):
+        SARA(mode="fast")
+    with pytest.raises(ValueError, match="budget"):
+        SARA(budget=1.5)
+    with pytest.raises(ValueError, match="denoiser_attr"):
+        SARA(denoiser_attr="unet").attach(plain)
+    with pytest.raises(ValueError, match="target"):
+        SARAController(plain.model, target="nothing_like_this").attach()

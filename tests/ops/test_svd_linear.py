@@ -1,0 +1,47 @@
+import pytest
+import torch
+from torch import nn
+
+from lit_lowrank.ops.lowrank import low_rank_approx
+from lit_lowrank.ops.svd_linear import SVDLinear
+
+
+def test_full_rank_is_the_original_layer_bit_for_bit():
+    torch.manual_seed(0)
+    lin = nn.Linear(24, 16)
+    x = torch.randn(5, 7, 24)
+    layer = SVDLinear(lin)
+    assert torch.equal(layer(x), lin(x))
+    layer.set_rank(16)  # above the break-even rank 16*24/40 = 9.6: the dense weight runs
+    assert torch.equal(layer(x), lin(x))
+
+
+def test_truncated_rank_is_the_best_rank_r_map_and_counts_macs():
+    torch.manual_seed(1)
+    lin = nn.Linear(32, 20)
+    x = torch.randn(6, 32)
+    layer = SVDLinear(lin)
+    layer.set_rank(4)
+    expected = x @ low_rank_approx(lin.weight.detach(), 4).T + lin.bias.detach()
+    torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=1e-5)
+    assert layer.macs_used == 6 * 4 * (32 + 20) and layer.macs_dense == 6 * 32 * 20
+    layer.reset_macs()
+    assert layer.macs_used == 0
+    with pytest.raises(ValueError, match="rank"):
+        layer.set_rank(21)
+
+
+def test_pointwise_conv():
+    torch.manual_seed(2)
+    conv = nn.Conv2d(8, 12, 1)
+    x = torch.randn(2, 8, 5, 5)
+    layer = SVDLinear(conv)
+    assert torch.equal(layer(x), conv(x))
+    assert layer.macs_used == layer.macs_dense == 2 * 25 * 8 * 12
+    layer.reset_macs()
+    layer.set_rank(2)
+    w = low_rank_approx(conv.weight.detach().reshape(12, 8), 2).reshape(12, 8, 1, 1)
+    torch.testing.assert_close(layer(x), nn.functional.conv2d(x, w, conv.bias), atol=1e-5, rtol=1e-5)
+    assert layer.macs_used == 2 * 25 * 2 * (8 + 12)
+    with pytest.raises(ValueError, match="1x1"):
+        SVDLinear(nn.Conv2d(8, 8, 3))
