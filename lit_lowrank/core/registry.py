@@ -155,7 +155,12 @@ register_method(MethodSpec(
     baseline_config="configs/classification/shot_digits.yaml", benchmark="safecut", stateful=True,
 ))
 _planned("sama", "SaMA relaxed-Kronecker adapter", "adapter", ("classification", "language_model"), 5)
-_planned("stac_r", "STAC-R saved-activation compression with SSP", "callback", ("classification", "language_model"), 3)
+register_method(MethodSpec(
+    "stac_r", "STAC-R saved-activation compression with SSP", "callback", ("classification", "language_model"), 3,
+    component="lit_lowrank.callbacks.STACR", config="configs/language_model/stac_r_gpt.yaml",
+    baseline_config="configs/language_model/stac_r_exact_gpt.yaml", benchmark="stac_r", stateful=True, structural=True,
+    ddp=True,
+))
 _planned("stable_rank", "Stable rank reward, Best-of-N and SR-GRPO", "op", ("language_model",), 11)
 _planned("spirit", "SPIRIT online layer-skipping self-speculative decoding", "engine", ("language_model",), 10)
 _planned("sphquant", "SPHQuant spherical weight-only quantization", "engine", ("language_model",), 12)

@@ -7,6 +7,7 @@ from lit_lowrank.ops.castor import (
     router_mass_by_homophily,
     router_probabilities,
 )
+from lit_lowrank.ops.grad_cosine import GradientCosine, gradient_cosine
 from lit_lowrank.ops.graph_propagation import as_edge_index, local_homophily, normalized_adjacency
 from lit_lowrank.ops.packing import block_causal_mask, cu_seqlens_from_doc_ids, position_ids_from_doc_ids
 from lit_lowrank.ops.rubiconv import (
@@ -28,6 +29,8 @@ from lit_lowrank.ops.sara import (
     rank_levels,
     solve_rank_dp,
 )
+from lit_lowrank.ops.saved_surface import SurfaceReport, saved_surface
+from lit_lowrank.ops.saved_tensors import SavedTensorCounter, measure_saved_bytes
 from lit_lowrank.ops.specdrop import (
     diagonal_dominance,
     grouped_sensitivity,
@@ -38,6 +41,7 @@ from lit_lowrank.ops.specdrop import (
     specdrop_weights,
     topk_routing,
 )
+from lit_lowrank.ops.stac_r import compress_activation, decompress_activation, gradient_bridge, stac_r_linear
 
 __all__ = ["block_causal_mask", "cu_seqlens_from_doc_ids", "position_ids_from_doc_ids"]
 __all__ += [
@@ -56,3 +60,5 @@ __all__ += [
     "break_even_rank", "factored_macs", "lrae_data", "lrae_spectrum", "online_rank", "online_threshold",
     "output_change", "rank_levels", "solve_rank_dp",
 ]
+__all__ += ["GradientCosine", "gradient_cosine", "SurfaceReport", "saved_surface", "SavedTensorCounter",
+            "measure_saved_bytes", "compress_activation", "decompress_activation", "gradient_bridge", "stac_r_linear"]

@@ -112,6 +112,27 @@ def sara_case() -> ContractCase:
     )
 
 
+def stac_r_case() -> ContractCase:
+    from lit_lowrank.callbacks import STACR, apply_stac_r
+    from lit_lowrank.tasks import ClassificationModule
+    from tests.methods.plain import PlainUserClassifier
+
+    def apply(model):
+        apply_stac_r(model, rank=8, residual_density=0.05)
+        return model
+
+    return ContractCase(
+        name="stac_r",
+        make_callbacks=lambda: [STACR(rank=8, residual_density=0.05, bridge_every=2)],
+        make_module=PlainUserClassifier,
+        make_data=_digits,
+        apply=apply,
+        make_task_module=lambda: ClassificationModule("mlp", num_classes=10, in_chans=1,
+                                                      backbone_kwargs={"in_features": 64, "hidden_sizes": [32]}),
+        stateful=True, structural=True, ddp=True,
+    )
+
+
 #: method name -> case factory. The reference method is always present so the suite is
 #: exercised before (and besides) the real methods.
 CASES: dict[str, Callable[[], ContractCase]] = {
@@ -119,4 +140,5 @@ CASES: dict[str, Callable[[], ContractCase]] = {
     "safecut": safecut_case,
     "sara": sara_case,
     "specdrop": specdrop_case,
+    "stac_r": stac_r_case,
 }

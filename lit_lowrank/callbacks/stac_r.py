@@ -1,0 +1,341 @@
+"""STAC-R: subspace-tracked activation compression with residuals, as a Lightning callback.
+
+:func:`apply_stac_r` (the functional form) swaps the selected ``nn.Linear`` layers for
+:class:`STACRLinear`: the same parameters (same ``state_dict`` keys, so checkpoints load
+into the plain model too), a forward that saves the activation code of its input
+(:mod:`lit_lowrank.ops.stac_r`) and a backward that contracts the weight gradient from
+it. :class:`STACR` applies it in ``setup``, calibrates on the first training batch
+(an exact, instrumented step: the Saved-Surface Predictor and the gradient bridge are
+logged, memory-increasing layers are named in a warning, and the bases start from that
+batch's SVD), then compresses every step, measuring the saved-activation peak with the
+pack-hook counter.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lit_lowrank.core.loss_hooks import MethodCallback
+from lit_lowrank.core.surgery import find_modules, mark_replaced, record_surgery, replace_module
+from lit_lowrank.ops.saved_surface import SurfaceRecorder, SurfaceReport
+from lit_lowrank.ops.saved_tensors import MIB, SavedTensorCounter
+from lit_lowrank.ops.stac_r import (
+    TrackedSavedTensorCodec,
+    compress_activation,
+    compressed_nbytes,
+    decompress_activation,
+    init_basis,
+    iso_byte_rank,
+    oja_update,
+    stac_r_linear,
+    subspace_iteration,
+)
+
+BasisMode = Literal["tracked", "untracked", "svd"]
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def _dtype(name: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise ValueError(f"`coef_dtype`={name!r}, expected one of {sorted(_DTYPES)}.")
+    return _DTYPES[name]
+
+
+class STACRLinear(nn.Linear):
+    """An ``nn.Linear`` (same parameters) whose saved input is a tracked low-rank code plus a sparse residual.
+
+    ``mode``: ``"off"`` (plain Linear), ``"calibrate"`` (exact, saves the input; initialises
+    the basis), ``"compress"``. ``basis_mode``: ``"tracked"`` (one subspace-iteration / Oja
+    update per step), ``"untracked"`` (frozen after the first step) or ``"svd"`` (a fresh
+    per-step SVD basis, stored with the coefficients at the iso-byte rank). Outside
+    training or without grad it is exactly ``F.linear``.
+
+    .. code-block:: python
+
+        layer = STACRLinear(nn.Linear(256, 256), rank=16, residual_density=0.01)
+        layer.mode = "compress"
+    """
+
+    def __init__(self, base: nn.Linear, rank: int = 16, residual_density: float = 0.01, residual_bits: int = 8,
+                 basis_mode: BasisMode = "tracked", update: Literal["subspace", "oja"] = "subspace",
+                 oja_lr: float = 0.5, coef_dtype: str = "bfloat16") -> None:
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.weight = base.weight  # shared Parameters: keys, optimizer groups and tying stay as they were
+        self.bias = base.bias
+        if not 1 <= rank < self.in_features:
+            raise ValueError(f"`rank`={rank} must be in [1, in_features={self.in_features}) for a useful code.")
+        if basis_mode not in ("tracked", "untracked", "svd"):
+            raise ValueError(f"`basis`={basis_mode!r}, expected 'tracked', 'untracked' or 'svd'.")
+        if update not in ("subspace", "oja"):
+            raise ValueError(f"`update`={update!r}, expected 'subspace' or 'oja'.")
+        self.rank, self.residual_density, self.residual_bits = rank, residual_density, residual_bits
+        self.basis_mode, self.update, self.oja_lr, self.coef_dtype = basis_mode, update, oja_lr, _dtype(coef_dtype)
+        self.register_buffer("stac_r_basis", None, persistent=False)  # in the callback's state, not the model's
+        self.mode = "compress"
+        self.diagnose = False
+        self.diagnostics: dict[str, Any] = {}
+
+    def _rank_for(self, n: int) -> int:
+        return iso_byte_rank(n, self.in_features, self.rank, self.coef_dtype) if self.basis_mode == "svd" else self.rank
+
+    def code_nbytes(self, n: int) -> int:
+        """Bytes saved for an input of ``n`` rows."""
+        return compressed_nbytes(n, self.in_features, self._rank_for(n), self.residual_density, self.coef_dtype,
+                                 basis_stored=self.basis_mode == "svd")
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.mode == "off" or not self.training or not torch.is_grad_enabled() or not (
+                self.weight.requires_grad or x.requires_grad):
+            return F.linear(x, self.weight, self.bias)
+        x2d = x.detach().reshape(-1, self.in_features)
+        basis = self.stac_r_basis
+        if self.basis_mode == "svd":
+            basis = init_basis(x2d, self._rank_for(x2d.shape[0]))
+        elif basis is None:
+            basis = init_basis(x2d, self.rank)
+        elif self.basis_mode == "tracked" and self.mode == "compress":
+            basis = subspace_iteration(basis, x2d) if self.update == "subspace" else oja_update(basis, x2d, self.oja_lr)
+        if self.basis_mode != "svd":
+            self.stac_r_basis = basis  # a new tensor each update: graphs of earlier steps keep theirs
+        return stac_r_linear(x, self.weight, self.bias, basis, self.residual_density, self.residual_bits,
+                             self.coef_dtype, store_basis=self.basis_mode == "svd", exact=self.mode == "calibrate",
+                             diagnostics=self.diagnostics if self.diagnose else None)
+
+    def extra_repr(self) -> str:
+        return (f"{super().extra_repr()}, rank={self.rank}, residual_density={self.residual_density}, "
+                f"basis={self.basis_mode}")
+
+
+def apply_stac_r(model: nn.Module, target: str | Sequence[str] | None = None, rank: int = 16,
+                 residual_density: float = 0.01, residual_bits: int = 8, basis: BasisMode = "tracked",
+                 update: Literal["subspace", "oja"] = "subspace", oja_lr: float = 0.5,
+                 coef_dtype: str = "bfloat16") -> dict[str, STACRLinear]:
+    """Functional form: replace the selected Linear layers by :class:`STACRLinear` (idempotent).
+
+    ``target``: regex / list of names / ``None`` (every Linear with more than ``rank``
+    input features; an explicitly targeted layer that is too narrow is an error).
+    Returns the STAC-R layers by name.
+
+    .. code-block:: python
+
+        layers = apply_stac_r(model, target=r"mlp|attn", rank=16, residual_density=0.01)
+    """
+    kwargs = dict(rank=rank, residual_density=residual_density, residual_bits=residual_bits, basis_mode=basis,
+                  update=update, oja_lr=oja_lr, coef_dtype=coef_dtype)
+    layers: dict[str, STACRLinear] = {}
+    for name, module in find_modules(model, target, nn.Linear):
+        if isinstance(module, STACRLinear):
+            layers[name] = module
+            continue
+        if module.in_features <= rank:
+            if target is None:
+                continue  # "every Linear": layers narrower than the code are left alone
+            raise ValueError(f"`rank`={rank} is not below in_features={module.in_features} of target layer {name!r}.")
+        layer = mark_replaced(STACRLinear(module, **kwargs), "stac_r")
+        replace_module(model, name, layer)
+        layers[name] = layer
+    if not layers:
+        raise ValueError(f"`target`={target!r} leaves no Linear layer with in_features > rank={rank}.")
+    record_surgery(model, "stac_r", apply_stac_r, {"target": target if target is None or isinstance(target, str)
+                                                   else list(target), **{k: v for k, v in kwargs.items()
+                                                                         if k != "basis_mode"}, "basis": basis})
+    return layers
+
+
+class STACR(MethodCallback):
+    """Compress the saved activations of a module's Linear layers (STAC-R, METHODS.md §11).
+
+    Step 0 is the calibration step: exact, instrumented with the
+    :class:`~lit_lowrank.ops.saved_surface.SurfaceRecorder`; it logs the Saved-Surface
+    Predictor (``ssp``, ``predicted_reduction``, ``peak_saved_mib``), the per-layer gradient
+    bridge, and warns (naming them) about layers in the memory-increasing regime. Every
+    later step is compressed and its saved-activation peak is measured with the
+    pack-hook counter. Every ``bridge_every`` steps the bridge is measured again (that
+    step keeps the exact inputs aside, so it is left out of the memory statistic).
+
+    Args:
+        rank: basis rank ``r`` per layer.
+        residual_density: kept fraction of residual entries (0 = no residual).
+        residual_bits: bit width of the residual values (≤ 8, stored as int8).
+        target: Linear layers to compress (regex / names / ``None`` = every wide-enough Linear).
+        basis: ``"tracked"`` (STAC-R), ``"untracked"`` (frozen after step 0) or ``"svd"``
+            (iso-byte per-step SVD): the controls live in the same code.
+        update: ``"subspace"`` iteration or ``"oja"`` (with ``oja_lr``).
+        coef_dtype: coefficient storage dtype.
+        skip_increasing: leave uncompressed the layers the predictor flags (default: warn only).
+        bridge_every: bridge measurement period in steps (0 = only at calibration).
+        sync_bases: under DDP, broadcast rank 0's bases after each step (identical replicas
+            and checkpoints).
+        saved_tensor_min_numel: also code every *other* saved floating tensor with at least
+            this many elements through the generic ``saved_tensors_hooks`` path
+            (:class:`~lit_lowrank.ops.stac_r.TrackedSavedTensorCodec`, decompressed on unpack);
+            ``None`` (default): Linear inputs only.
+
+    .. code-block:: python
+
+        trainer = L.Trainer(max_steps=200, callbacks=[STACR(rank=16, residual_density=0.01, residual_bits=8)])
+        model = CausalLMModule(model_config={"model_type": "gpt_neox", "hidden_size": 128, "num_hidden_layers": 2,
+                                             "num_attention_heads": 4, "intermediate_size": 512})
+        trainer.fit(model, datamodule=PackedTextDataModule(corpus="lee"))
+    """
+
+    method_name = "stac_r"
+
+    def __init__(self, rank: int = 16, residual_density: float = 0.01, residual_bits: int = 8,
+                 target: str | list[str] | None = None, basis: BasisMode = "tracked",
+                 update: Literal["subspace", "oja"] = "subspace", oja_lr: float = 0.5, coef_dtype: str = "bfloat16",
+                 skip_increasing: bool = False, bridge_every: int = 50, sync_bases: bool = True,
+                 saved_tensor_min_numel: int | None = None) -> None:
+        if not isinstance(rank, int) or rank < 1:
+            raise ValueError(f"`rank`={rank!r}, expected a positive integer.")
+        if not 0.0 <= residual_density <= 1.0:
+            raise ValueError(f"`residual_density`={residual_density!r}, expected a fraction in [0, 1].")
+        if not 2 <= residual_bits <= 8:
+            raise ValueError(f"`residual_bits`={residual_bits!r}, expected an integer in [2, 8].")
+        if bridge_every < 0:
+            raise ValueError(f"`bridge_every`={bridge_every!r}, expected >= 0.")
+        _dtype(coef_dtype)
+        self.surgery = dict(target=target, rank=rank, residual_density=residual_density, residual_bits=residual_bits,
+                            basis=basis, update=update, oja_lr=oja_lr, coef_dtype=coef_dtype)
+        self.skip_increasing, self.bridge_every, self.sync_bases = skip_increasing, bridge_every, sync_bases
+        self.codec = None if saved_tensor_min_numel is None else TrackedSavedTensorCodec(
+            rank, residual_density, residual_bits, _dtype(coef_dtype), saved_tensor_min_numel)
+        self.layers: dict[str, STACRLinear] = {}
+        self.calibrated = False
+        self.report: dict[str, Any] = {}
+        self.peak_saved_bytes = 0
+        self._pending_bases: dict[str, Tensor] = {}
+        self._region: SurfaceRecorder | SavedTensorCounter | None = None
+        self._diagnosing = False
+
+    # -- structure --------------------------------------------------------------------------------------------------
+    def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+        self.layers = apply_stac_r(pl_module, **self.surgery)
+        self._restore_bases()
+
+    def _restore_bases(self) -> None:
+        for name, basis in list(self._pending_bases.items()):
+            if name in self.layers:
+                layer = self.layers[name]
+                layer.stac_r_basis = basis.to(layer.weight.device)
+                del self._pending_bases[name]
+
+    # -- per step ---------------------------------------------------------------------------------------------------
+    def on_train_batch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", batch: Any,
+                             batch_idx: int) -> None:
+        self._restore_bases()
+        calibrating = not self.calibrated
+        self._diagnosing = calibrating or (self.bridge_every > 0 and trainer.global_step % self.bridge_every == 0)
+        for layer in self.layers.values():
+            if layer.mode != "off":  # "off": skipped as memory-increasing
+                layer.mode = "calibrate" if calibrating else "compress"
+            layer.diagnose = self._diagnosing
+            layer.diagnostics.clear()
+        if self.codec is not None:
+            self.codec.start_step()
+        self._region = SurfaceRecorder(pl_module, dict(self.layers)) if calibrating else \
+            SavedTensorCounter(codec=self.codec)
+        self._region.__enter__()
+
+    def _close_region(self) -> None:
+        if self._region is not None:
+            region, self._region = self._region, None
+            region.__exit__(None, None, None)
+
+    def on_train_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        region = self._region
+        self._close_region()
+        if isinstance(region, SurfaceRecorder):
+            self._finish_calibration(pl_module, region)
+        elif isinstance(region, SavedTensorCounter) and not self._diagnosing:
+            self.peak_saved_bytes = max(self.peak_saved_bytes, region.peak_bytes)
+            self.log_method(pl_module, "saved_mib", region.peak_bytes / MIB)
+            self.log_method(pl_module, "peak_saved_mib", self.peak_saved_bytes / MIB)
+        if self._diagnosing:
+            self._log_bridge(pl_module)
+        if self.sync_bases and trainer.world_size > 1 and torch.distributed.is_available() \
+                and torch.distributed.is_initialized():
+            for layer in self.layers.values():
+                if layer.stac_r_basis is not None:
+                    basis = layer.stac_r_basis.contiguous().clone()
+                    torch.distributed.broadcast(basis, src=0)
+                    layer.stac_r_basis = basis
+
+    def on_exception(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", exception: BaseException) -> None:
+        self._close_region()  # never leave the saved-tensor hooks installed
+
+    def _finish_calibration(self, pl_module: "pl.LightningModule", recorder: SurfaceRecorder) -> None:
+        report: SurfaceReport = recorder.report(lambda name, n, d: self.layers[name].code_nbytes(n))
+        self.calibrated = True
+        self.report = {**report.as_dict(), "layers": {n: {"input_bytes": s.input_bytes, "code_bytes": s.code_bytes,
+                                                          "saving_bytes": s.saving_bytes,
+                                                          "shared_with": list(s.shared_with)}
+                                                      for n, s in report.layers.items()}}
+        self.log_method(pl_module, "ssp", report.ssp)
+        self.log_method(pl_module, "predicted_reduction", report.predicted_reduction)
+        self.log_method(pl_module, "exact_peak_saved_mib", report.peak_bytes / MIB)
+        self.log_method(pl_module, "predicted_peak_saved_mib", report.predicted_peak_bytes / MIB)
+        self.log_method(pl_module, "increasing_layers", float(len(report.increasing)))
+        if report.increasing:
+            action = "left uncompressed (skip_increasing=True)" if self.skip_increasing else \
+                "compressed anyway (set skip_increasing=True to leave them out)"
+            warnings.warn(f"STAC-R: compressing {report.increasing} increases saved memory (their input is shared "
+                          f"with other savers or their codes outweigh it); {action}.", stacklevel=2)
+            if self.skip_increasing:
+                for name in report.increasing:
+                    self.layers[name].mode = "off"
+
+    def _log_bridge(self, pl_module: "pl.LightningModule") -> None:
+        bounds, cosines = [], []
+        for name, layer in self.layers.items():
+            stats = layer.diagnostics.pop("bridge", None)
+            if stats is None:
+                continue
+            bounds.append(stats.cos_bound)
+            cosines.append(stats.cosine)
+            self.log_method(pl_module, f"bridge/{name}/cos_bound", stats.cos_bound)
+            self.log_method(pl_module, f"bridge/{name}/cosine", stats.cosine)
+            self.log_method(pl_module, f"bridge/{name}/rel_error", stats.rel_error)
+        if cosines:
+            self.log_method(pl_module, "bridge_cos_bound_mean", sum(bounds) / len(bounds))
+            self.log_method(pl_module, "grad_cosine_mean", sum(cosines) / len(cosines))
+
+    # -- state ------------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        bases = {n: layer.stac_r_basis.detach().cpu().clone() for n, layer in self.layers.items()
+                 if layer.stac_r_basis is not None}
+        bases.update({n: b.clone() for n, b in self._pending_bases.items() if n not in bases})
+        hook_bases = {} if self.codec is None else {k: b.detach().cpu().clone() for k, b in self.codec.bases.items()}
+        return {"bases": bases, "hook_bases": hook_bases, "calibrated": self.calibrated, "report": self.report,
+                "peak_saved_bytes": self.peak_saved_bytes,
+                "skipped": sorted(n for n, layer in self.layers.items() if layer.mode == "off")}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._pending_bases = dict(state_dict["bases"])
+        self.calibrated = bool(state_dict["calibrated"])
+        if self.codec is not None:
+            self.codec.bases = dict(state_dict.get("hook_bases", {}))
+        self.report = state_dict["report"]
+        self.peak_saved_bytes = int(state_dict["peak_saved_bytes"])
+        self._restore_bases()
+        for name in state_dict.get("skipped", []):
+            if name in self.layers:
+                self.layers[name].mode = "off"
+
+
+def reconstruction_error(layer: STACRLinear, x: Tensor) -> float:
+    """Relative error ``‖X − X̂‖_F / ‖X‖_F`` of ``layer``'s current code on ``x`` (a diagnostic)."""
+    x2d = x.detach().reshape(-1, layer.in_features).float()
+    if layer.stac_r_basis is None:
+        raise ValueError("reconstruction_error: the layer has no basis yet (run a training step first).")
+    code = compress_activation(x2d, layer.stac_r_basis, layer.residual_density, layer.residual_bits, layer.coef_dtype)
+    return float((x2d - decompress_activation(code)).norm() / x2d.norm().clamp_min(1e-30))

@@ -1,0 +1,157 @@
+"""The STAC-R callback on a plain user module: calibration, measured memory, controls, resume, errors."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lit_lowrank.callbacks import STACR, STACRLinear, apply_stac_r
+from lit_lowrank.core import apply_loss_hooks
+
+
+class GeluUser(pl.LightningModule):
+    """A user's module (not ours): GELU saves its *input*, so each Linear input is held by that Linear only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(32, 64)
+        self.down = nn.Linear(64, 32)
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.head(self.down(F.gelu(self.up(x))))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        loss = apply_loss_hooks(self, batch, {"logits": None}, loss)
+        self.log("train/loss", loss)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def _loader(n: int = 256) -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 4, generator=g) @ torch.randn(4, 32, generator=g) + 0.05 * torch.randn(n, 32, generator=g)
+    return DataLoader(TensorDataset(x, torch.randint(0, 4, (n,), generator=g)), batch_size=64)
+
+
+def _fit(callback: STACR, module: pl.LightningModule, steps: int = 3, **kwargs) -> pl.Trainer:
+    trainer = pl.Trainer(max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, accelerator="cpu", devices=1, callbacks=[callback], **kwargs)
+    trainer.fit(module, train_dataloaders=_loader())
+    return trainer
+
+
+def test_plain_module_fit_predicts_and_reduces_memory():
+    torch.manual_seed(0)
+    callback = STACR(rank=4, residual_density=0.02, bridge_every=2)  # step 1 measured, step 2 diagnosed
+    module = GeluUser()
+    trainer = _fit(callback, module)
+    assert all(isinstance(getattr(module, n), STACRLinear) for n in ("up", "down", "head"))
+    metrics = trainer.callback_metrics
+    exact, measured = float(metrics["method/stac_r/exact_peak_saved_mib"]), float(metrics["method/stac_r/saved_mib"])
+    assert measured < exact
+    # the predictor saw every saved tensor: on this chain its prediction is the measurement
+    assert callback.report["predicted_peak_bytes"] == callback.peak_saved_bytes
+    assert 1 - measured / exact <= callback.report["ssp"] + 1e-12
+    assert callback.report["increasing"] == []
+    cos, bound = float(metrics["method/stac_r/grad_cosine_mean"]), float(metrics["method/stac_r/bridge_cos_bound_mean"])
+    assert 0.9 < cos <= 1.0 and bound <= cos + 1e-6
+
+
+def test_controls_track_freeze_or_refit_the_basis():
+    torch.manual_seed(0)
+    bases = {}
+    for mode in ("tracked", "untracked", "svd"):
+        module = GeluUser()
+        callback = STACR(rank=4, residual_density=0.0, basis=mode, bridge_every=0)
+        _fit(callback, module, steps=1)
+        first = None if module.up.stac_r_basis is None else module.up.stac_r_basis.clone()
+        trainer = pl.Trainer(max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False, callbacks=[callback])
+        trainer.fit(module, train_dataloaders=_loader())
+        bases[mode] = (first, module.up.stac_r_basis)
+    assert not torch.equal(*bases["tracked"])
+    assert torch.equal(*bases["untracked"])  # frozen after step 0
+    assert bases["svd"] == (None, None)  # a per-step basis is an activation, never state
+
+
+def test_resume_keeps_the_bases(tmp_path):
+    torch.manual_seed(0)
+    callback = STACR(rank=4, residual_density=0.02, bridge_every=0)
+    trainer = _fit(callback, GeluUser(), steps=2)
+    path = tmp_path / "mid.ckpt"
+    trainer.save_checkpoint(path)
+    saved = {n: b.clone() for n, b in callback.state_dict()["bases"].items()}
+    assert set(saved) == {"up", "down", "head"}
+
+    seen = {}
+
+    class Probe(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if not seen:
+                seen.update({n: getattr(pl_module, n).stac_r_basis.clone() for n in saved})
+
+    resumed_cb = STACR(rank=4, residual_density=0.02, bridge_every=0)
+    resumed = pl.Trainer(max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[resumed_cb, Probe()])
+    resumed.fit(GeluUser(), train_dataloaders=_loader(), ckpt_path=path)
+    assert resumed_cb.calibrated  # no second calibration step after resume
+    for name, basis in saved.items():
+        torch.testing.assert_close(seen[name], basis, rtol=0, atol=0)
+
+
+def test_memory_increasing_layers_are_named_and_can_be_skipped():
+    class ReluUser(GeluUser):
+        def forward(self, x):  # ReLU saves its output: `down`'s input stays held whatever STAC-R does
+            return self.head(self.down(torch.relu(self.up(x))))
+
+    torch.manual_seed(0)
+    callback = STACR(rank=4, residual_density=0.02, skip_increasing=True, bridge_every=0)
+    module = ReluUser()
+    with pytest.warns(UserWarning, match=r"\['down'\]"):
+        _fit(callback, module)
+    assert module.down.mode == "off" and module.up.mode == "compress"
+    assert callback.state_dict()["skipped"] == ["down"]
+
+
+def test_surgery_is_idempotent_and_keeps_state_dict_keys():
+    module = GeluUser()
+    keys = list(module.state_dict())
+    first = apply_stac_r(module, rank=4)
+    again = apply_stac_r(module, rank=4)
+    assert first == again and list(module.state_dict()) == keys
+    x = torch.randn(5, 32)
+    module.eval()
+    torch.testing.assert_close(module(x), GeluUser.forward(module, x))
+
+
+def test_errors_name_the_parameter():
+    with pytest.raises(ValueError, match="rank"):
+        apply_stac_r(GeluUser(), target=["head"], rank=32)
+    with pytest.raises(ValueError, match="target"):
+        apply_stac_r(GeluUser(), target="nothing")
+    with pytest.raises(ValueError, match="basis"):
+        apply_stac_r(GeluUser(), basis="random")
+    with pytest.raises(ValueError, match="residual_density"):
+        STACR(residual_density=2.0)
+    with pytest.raises(ValueError, match="coef_dtype"):
+        STACR(coef_dtype="int4")
+
+
+def test_generic_hook_path_codes_other_saved_tensors():
+    torch.manual_seed(0)
+    linear_only = STACR(rank=4, residual_density=0.02, bridge_every=0)
+    _fit(linear_only, GeluUser())
+    torch.manual_seed(0)
+    generic = STACR(rank=4, residual_density=0.02, bridge_every=0, saved_tensor_min_numel=1000)
+    _fit(generic, GeluUser())
+    assert generic.peak_saved_bytes < linear_only.peak_saved_bytes  # GELU's saved input is coded too
+    assert generic.state_dict()["hook_bases"]  # its tracked bases are callback state as well
