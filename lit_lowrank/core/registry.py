@@ -163,7 +163,11 @@ register_method(MethodSpec(
 ))
 _planned("stable_rank", "Stable rank reward, Best-of-N and SR-GRPO", "op", ("language_model",), 11)
 _planned("spirit", "SPIRIT online layer-skipping self-speculative decoding", "engine", ("language_model",), 10)
-_planned("sphquant", "SPHQuant spherical weight-only quantization", "engine", ("language_model",), 12)
+register_method(MethodSpec(
+    "sphquant", "SPHQuant spherical weight-only quantization", "engine", ("language_model",), 12,
+    component="lit_lowrank.quant.SPHQuantizer", config="configs/language_model/sphquant_tiny_llama.yaml",
+    baseline_config="configs/language_model/sphquant_rtn_tiny_llama.yaml", benchmark="sphquant", structural=True,
+))
 _planned("sds_lora", "SDS-LoRA singular-direction-scaled LoRA gradients", "adapter", ("classification", "language_model"), 5)
 _planned("sd_lora", "SD-LoRA structural distillation for few-shot CLIP", "adapter", ("fewshot",), 7)
 register_method(MethodSpec(

@@ -10,6 +10,15 @@ from lit_lowrank.ops.castor import (
 from lit_lowrank.ops.grad_cosine import GradientCosine, gradient_cosine
 from lit_lowrank.ops.graph_propagation import as_edge_index, local_homophily, normalized_adjacency
 from lit_lowrank.ops.packing import block_causal_mask, cu_seqlens_from_doc_ids, position_ids_from_doc_ids
+from lit_lowrank.ops.quantization import (
+    BitsBreakdown,
+    gptq_quantize,
+    hadamard_rotate,
+    pack_fields,
+    rtn_quantize,
+    uniform_dequantize,
+    unpack_fields,
+)
 from lit_lowrank.ops.rubiconv import (
     RubiConvPlan,
     cu_seqlens_for_rows,
@@ -41,6 +50,14 @@ from lit_lowrank.ops.specdrop import (
     specdrop_weights,
     topk_routing,
 )
+from lit_lowrank.ops.sphquant import (
+    angles_from_codebook,
+    codebook_from_angles,
+    finetune_codebook,
+    positive_orthant_kmeans,
+    sph_dequantize,
+    sph_quantize,
+)
 from lit_lowrank.ops.stac_r import compress_activation, decompress_activation, gradient_bridge, stac_r_linear
 
 __all__ = ["block_causal_mask", "cu_seqlens_from_doc_ids", "position_ids_from_doc_ids"]
@@ -62,3 +79,6 @@ __all__ += [
 ]
 __all__ += ["GradientCosine", "gradient_cosine", "SurfaceReport", "saved_surface", "SavedTensorCounter",
             "measure_saved_bytes", "compress_activation", "decompress_activation", "gradient_bridge", "stac_r_linear"]
+__all__ += ["BitsBreakdown", "gptq_quantize", "hadamard_rotate", "pack_fields", "rtn_quantize", "uniform_dequantize",
+            "unpack_fields", "angles_from_codebook", "codebook_from_angles", "finetune_codebook",
+            "positive_orthant_kmeans", "sph_dequantize", "sph_quantize"]

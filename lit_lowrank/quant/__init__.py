@@ -1,1 +1,14 @@
-"""quant: see DESIGN.md (filled by the method issues)."""
+"""Post-training / QAT weight quantizers: SPHQuant and its uniform baselines (RTN, GPTQ,
+Hadamard + RTN), on a shared quantized-linear wrapper and bits accounting."""
+
+from lit_lowrank.quant.linear import QuantizedLinear, buffer_bytes, model_bits, quantized_layers
+from lit_lowrank.quant.ptq import PostTrainingQuantizer, collect_hessians, default_forward, select_linears
+from lit_lowrank.quant.sphquant import SPHLinear, SPHQuantizer, learn_codebook, quantize_sph, rebuild_sph_layers
+from lit_lowrank.quant.uniform import UniformQuantizer, UniformQuantLinear, quantize_uniform, rebuild_uniform_layers
+
+__all__ = [
+    "QuantizedLinear", "buffer_bytes", "model_bits", "quantized_layers",
+    "PostTrainingQuantizer", "collect_hessians", "default_forward", "select_linears",
+    "SPHLinear", "SPHQuantizer", "learn_codebook", "quantize_sph", "rebuild_sph_layers",
+    "UniformQuantizer", "UniformQuantLinear", "quantize_uniform", "rebuild_uniform_layers",
+]

@@ -133,6 +133,29 @@ def stac_r_case() -> ContractCase:
     )
 
 
+def sphquant_case() -> ContractCase:
+    from lit_lowrank.quant import SPHQuantizer, quantize_sph
+    from lit_lowrank.tasks import ClassificationModule
+    from tests.methods.plain import PlainUserClassifier
+
+    fmt = {"codebook_size": 16, "radius_bits": 3, "group_size": 32, "finetune_steps": 5}
+
+    def apply(model):
+        quantize_sph(model, **fmt)
+        return model
+
+    return ContractCase(
+        name="sphquant",
+        make_callbacks=lambda: [SPHQuantizer(**fmt, after_fit=True)],  # quantizes at on_fit_end
+        make_module=PlainUserClassifier,
+        make_data=_digits,
+        apply=apply,
+        make_task_module=lambda: ClassificationModule("mlp", num_classes=10, in_chans=1,
+                                                      backbone_kwargs={"in_features": 64, "hidden_sizes": [32]}),
+        structural=True,
+    )
+
+
 #: method name -> case factory. The reference method is always present so the suite is
 #: exercised before (and besides) the real methods.
 CASES: dict[str, Callable[[], ContractCase]] = {
@@ -140,5 +163,6 @@ CASES: dict[str, Callable[[], ContractCase]] = {
     "safecut": safecut_case,
     "sara": sara_case,
     "specdrop": specdrop_case,
+    "sphquant": sphquant_case,
     "stac_r": stac_r_case,
 }
