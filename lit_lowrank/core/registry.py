@@ -161,7 +161,11 @@ register_method(MethodSpec(
     baseline_config="configs/language_model/stac_r_exact_gpt.yaml", benchmark="stac_r", stateful=True, structural=True,
     ddp=True,
 ))
-_planned("stable_rank", "Stable rank reward, Best-of-N and SR-GRPO", "op", ("language_model",), 11)
+register_method(MethodSpec(
+    "stable_rank", "Stable rank reward, Best-of-N and SR-GRPO", "op", ("language_model",), 11,
+    component="lit_lowrank.ops.stable_rank.stable_rank", config="configs/language_model/sr_grpo_arithmetic.yaml",
+    baseline_config="configs/language_model/grpo_verifiable_arithmetic.yaml", benchmark="stable_rank",
+))
 _planned("spirit", "SPIRIT online layer-skipping self-speculative decoding", "engine", ("language_model",), 10)
 register_method(MethodSpec(
     "sphquant", "SPHQuant spherical weight-only quantization", "engine", ("language_model",), 12,

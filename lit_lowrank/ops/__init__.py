@@ -9,6 +9,7 @@ from lit_lowrank.ops.castor import (
 )
 from lit_lowrank.ops.grad_cosine import GradientCosine, gradient_cosine
 from lit_lowrank.ops.graph_propagation import as_edge_index, local_homophily, normalized_adjacency
+from lit_lowrank.ops.grpo import group_advantages, grpo_loss
 from lit_lowrank.ops.packing import block_causal_mask, cu_seqlens_from_doc_ids, position_ids_from_doc_ids
 from lit_lowrank.ops.quantization import (
     BitsBreakdown,
@@ -40,6 +41,7 @@ from lit_lowrank.ops.sara import (
 )
 from lit_lowrank.ops.saved_surface import SurfaceReport, saved_surface
 from lit_lowrank.ops.saved_tensors import SavedTensorCounter, measure_saved_bytes
+from lit_lowrank.ops.sequence_signals import mean_log_prob, negative_entropy, self_certainty
 from lit_lowrank.ops.specdrop import (
     diagonal_dominance,
     grouped_sensitivity,
@@ -58,6 +60,7 @@ from lit_lowrank.ops.sphquant import (
     sph_dequantize,
     sph_quantize,
 )
+from lit_lowrank.ops.stable_rank import stable_rank
 from lit_lowrank.ops.stac_r import compress_activation, decompress_activation, gradient_bridge, stac_r_linear
 
 __all__ = ["block_causal_mask", "cu_seqlens_from_doc_ids", "position_ids_from_doc_ids"]
@@ -82,3 +85,4 @@ __all__ += ["GradientCosine", "gradient_cosine", "SurfaceReport", "saved_surface
 __all__ += ["BitsBreakdown", "gptq_quantize", "hadamard_rotate", "pack_fields", "rtn_quantize", "uniform_dequantize",
             "unpack_fields", "angles_from_codebook", "codebook_from_angles", "finetune_codebook",
             "positive_orthant_kmeans", "sph_dequantize", "sph_quantize"]
+__all__ += ["group_advantages", "grpo_loss", "mean_log_prob", "negative_entropy", "self_certainty", "stable_rank"]

@@ -4,9 +4,10 @@ from lit_lowrank.tasks.base import TaskModule
 from lit_lowrank.tasks.classification import ClassificationModule
 from lit_lowrank.tasks.diffusion import DiffusionModule
 from lit_lowrank.tasks.graph import NodeClassificationModule, build_graph_model
+from lit_lowrank.tasks.grpo import GRPOModule
 from lit_lowrank.tasks.language_model import CausalLMModule, block_causal_attention_mask
 
 __all__ = [
     "TaskModule", "ClassificationModule", "CausalLMModule", "NodeClassificationModule", "DiffusionModule",
-    "build_graph_model", "block_causal_attention_mask",
+    "build_graph_model", "block_causal_attention_mask", "GRPOModule",
 ]
