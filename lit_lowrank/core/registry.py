@@ -147,7 +147,11 @@ register_method(MethodSpec(
     component="lit_lowrank.models.Castor", config="configs/graph/castor_csbm.yaml",
     baseline_config="configs/graph/gprgnn_csbm.yaml", benchmark="castor",
 ))
-_planned("camel", "CAMEL Creator-Appraiser meta-learning of new concepts", "engine", ("diffusion",), 15)
+register_method(MethodSpec(
+    "camel", "CAMEL Creator-Appraiser meta-learning of new concepts", "engine", ("diffusion",), 15,
+    component="lit_lowrank.tasks.CAMELModule", config="configs/diffusion/camel_digits.yaml",
+    baseline_config="configs/diffusion/camel_novelty_digits.yaml", benchmark="camel",
+))
 _planned("polar_vbll", "PoLAR adapters with a variational Bayesian last layer", "adapter", ("classification", "language_model"), 6)
 register_method(MethodSpec(
     "safecut", "SafeCut cut-statistic gated mutual correction (SFDA)", "callback", ("classification",), 8,

@@ -38,6 +38,7 @@ _EXPORTS = {
     "CIFARDataModule": "images",
     "DigitsDataModule": "images",
     "ImageFolderDataModule": "images",
+    "MNISTDataModule": "mnist",
     "PackedTextDataModule": "text",
     "TextClassificationDataModule": "text",
     "ShiftedDigitsDataModule": "domain_shift",
@@ -47,6 +48,7 @@ _EXPORTS = {
     "get_tokenizer": "tokenizers",
 }
 __all__ = [
+    "MNISTDataModule",
     "ShiftedDigitsDataModule",
     "DomainFolderDataModule",
     "apply_shift",

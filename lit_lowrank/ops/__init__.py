@@ -1,5 +1,6 @@
 """Pure torch functions (no Lightning) that methods and task modules call."""
 
+from lit_lowrank.ops.camel import adapt_appraiser, basin_distance, camel_reward, ddim_sample
 from lit_lowrank.ops.castor import (
     bounded_beta,
     castor_hop,
@@ -86,3 +87,4 @@ __all__ += ["BitsBreakdown", "gptq_quantize", "hadamard_rotate", "pack_fields", 
             "unpack_fields", "angles_from_codebook", "codebook_from_angles", "finetune_codebook",
             "positive_orthant_kmeans", "sph_dequantize", "sph_quantize"]
 __all__ += ["group_advantages", "grpo_loss", "mean_log_prob", "negative_entropy", "self_certainty", "stable_rank"]
+__all__ += ["adapt_appraiser", "basin_distance", "camel_reward", "ddim_sample"]

@@ -1,6 +1,7 @@
 """Shared LightningModules for the task families; methods never copy them to change them."""
 
 from lit_lowrank.tasks.base import TaskModule
+from lit_lowrank.tasks.camel import CAMELModule
 from lit_lowrank.tasks.classification import ClassificationModule
 from lit_lowrank.tasks.diffusion import DiffusionModule
 from lit_lowrank.tasks.graph import NodeClassificationModule, build_graph_model
@@ -9,5 +10,5 @@ from lit_lowrank.tasks.language_model import CausalLMModule, block_causal_attent
 
 __all__ = [
     "TaskModule", "ClassificationModule", "CausalLMModule", "NodeClassificationModule", "DiffusionModule",
-    "build_graph_model", "block_causal_attention_mask", "GRPOModule",
+    "build_graph_model", "block_causal_attention_mask", "GRPOModule", "CAMELModule",
 ]

@@ -1,0 +1,306 @@
+"""CAMELModule: Creator–Appraiser meta-learning of new concepts on a frozen conditional diffusion model.
+
+The Creator is a class-conditional :class:`~lit_lowrank.tasks.diffusion.DiffusionModule`
+whose UNet has a ``class_embedding`` table; a created concept is a new row z of that table
+(initialised at a prompt class's embedding e_c and optimised). Samples X_z come from
+deterministic DDIM with fixed noise (:func:`lit_lowrank.ops.camel.ddim_sample`), so they are
+differentiable in z. The Appraiser (an autoencoder φ₀ for MNIST-like data) is adapted for K
+inner SGD steps on X_z from φ₀ at every outer step, and the Creator ascends
+R(z) = L(φ₀; X'_z) − L(φ_K; X'_z) on held-out seeds (:func:`lit_lowrank.ops.camel.camel_reward`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from lit_lowrank.core.logging import log_method
+from lit_lowrank.core.loss_hooks import apply_loss_hooks
+from lit_lowrank.models.autoencoder import MLPAutoencoder
+from lit_lowrank.ops.camel import camel_reward, ddim_sample
+from lit_lowrank.tasks.base import TaskModule
+from lit_lowrank.tasks.diffusion import DiffusionModule
+
+OBJECTIVES = ("camel", "novelty", "familiarity")
+
+
+class CAMELModule(TaskModule):
+    """Bilevel CAMEL: optimise new conditioning embeddings of a frozen diffusion Creator.
+
+    Training has two phases on the datamodule's real batches: for the first
+    ``warmup_steps`` steps the Creator (diffusion loss) and the Appraiser φ₀ (reconstruction)
+    learn the data — the familiar world; set 0 when both come pretrained
+    (``creator_checkpoint``). Then both are frozen, the concepts are initialised at the
+    class embeddings of ``concept_classes``, and every step maximises the objective:
+
+    - ``"camel"``: R = L(φ₀; X') − L(φ_K; X') (unfamiliar yet learnable);
+    - ``"novelty"``: L(φ₀; X') only (baseline: unfamiliar);
+    - ``"familiarity"``: −L(φ₀; X') (baseline: familiar).
+
+    After each step a concept is projected into the trust region
+    ‖z − e_c‖ ≤ ``max_shift``·‖e_c‖ (**decide**: the paper bounds the search implicitly; an
+    explicit ball keeps the concept conditioned on its prompt class; ``None`` disables it).
+
+    Args:
+        creator: a class-conditional DiffusionModule (default: ``unet_config`` + ``num_classes``).
+        creator_checkpoint: a DiffusionModule checkpoint to load into the Creator.
+        unet_config / num_classes: the default Creator's UNet and number of classes.
+        appraiser: an ``nn.Module`` mapping images to reconstructions (default: :class:`MLPAutoencoder`).
+        appraiser_hidden_sizes / appraiser_latent_dim: the default Appraiser.
+        concept_classes: prompt class of each concept (default: every class).
+        objective: ``"camel"``, ``"novelty"`` or ``"familiarity"``.
+        inner_steps / inner_lr: K and the SGD step of the Appraiser's inner loop.
+        first_order: detach the inner-loop gradients (first-order approximation).
+        num_train_seeds / num_heldout_seeds: samples per concept for X_z and X'_z.
+        num_eval_seeds: samples per concept (separate noise) for validation metrics and grids.
+        num_inference_steps: DDIM steps of the differentiable sampler.
+        concept_lr: learning rate of the concepts' parameter group (weight decay 0).
+        noise_seed: seed of the fixed sampler noise.
+
+    .. code-block:: python
+
+        model = CAMELModule(num_classes=10, warmup_steps=300, concept_classes=[3, 5])
+        L.Trainer(max_steps=400).fit(model, datamodule=DigitsDataModule())
+        images = model.generate(model.concepts.detach(), model.eval_noise)   # (2, n, 1, 8, 8)
+    """
+
+    def __init__(
+        self,
+        creator: DiffusionModule | None = None,
+        creator_checkpoint: str | None = None,
+        unet_config: dict[str, Any] | None = None,
+        num_classes: int = 10,
+        appraiser: nn.Module | None = None,
+        appraiser_hidden_sizes: tuple[int, ...] = (64,),
+        appraiser_latent_dim: int = 8,
+        concept_classes: list[int] | None = None,
+        objective: Literal["camel", "novelty", "familiarity"] = "camel",
+        inner_steps: int = 3,
+        inner_lr: float = 0.5,
+        first_order: bool = False,
+        num_train_seeds: int = 16,
+        num_heldout_seeds: int = 16,
+        num_eval_seeds: int = 32,
+        num_inference_steps: int = 5,
+        max_shift: float | None = 1.0,
+        concept_lr: float = 0.05,
+        warmup_steps: int = 0,
+        noise_seed: int = 0,
+        optimizer: OptimizerCallable = torch.optim.AdamW,
+        lr_scheduler: LRSchedulerCallable | None = None,
+        lr_scheduler_interval: str = "epoch",
+    ) -> None:
+        super().__init__(optimizer, lr_scheduler, lr_scheduler_interval)
+        self.save_hyperparameters(ignore=["creator", "appraiser", "optimizer", "lr_scheduler"])
+        if objective not in OBJECTIVES:
+            raise ValueError(f"`objective`={objective!r}, expected one of {OBJECTIVES}.")
+        for name, value, low in (("inner_steps", inner_steps, 0), ("num_train_seeds", num_train_seeds, 1),
+                                 ("num_heldout_seeds", num_heldout_seeds, 1), ("num_eval_seeds", num_eval_seeds, 1),
+                                 ("num_inference_steps", num_inference_steps, 1), ("warmup_steps", warmup_steps, 0)):
+            if value < low:
+                raise ValueError(f"`{name}`={value}, expected >= {low}.")
+        if max_shift is not None and max_shift <= 0:
+            raise ValueError(f"`max_shift`={max_shift}, expected > 0 or None.")
+        if creator is None:
+            creator = DiffusionModule(unet_config=unet_config, num_classes=num_classes)
+        if creator_checkpoint is not None:
+            if not Path(creator_checkpoint).is_file():
+                raise FileNotFoundError(f"`creator_checkpoint`={creator_checkpoint!r}: no such file.")
+            state = torch.load(creator_checkpoint, map_location="cpu", weights_only=False)
+            creator.load_state_dict(state.get("state_dict", state))
+        table = getattr(creator.model, "class_embedding", None)
+        if not isinstance(table, nn.Embedding):
+            raise ValueError("CAMEL needs a class-conditional Creator whose `creator.model.class_embedding` is an "
+                             f"nn.Embedding (diffusers UNet2DModel with num_class_embeds); got {type(table).__name__}.")
+        self.creator = creator
+        self.num_classes = table.num_embeddings
+        image_shape = creator._sample_shape()
+        self.appraiser = appraiser if appraiser is not None else MLPAutoencoder(
+            image_shape, appraiser_hidden_sizes, appraiser_latent_dim)
+        classes = list(range(self.num_classes)) if concept_classes is None else [int(c) for c in concept_classes]
+        if not classes or any(not 0 <= c < self.num_classes for c in classes):
+            raise ValueError(f"`concept_classes`={concept_classes}, expected a non-empty list in [0, {self.num_classes}).")
+        self.register_buffer("concept_classes", torch.tensor(classes, dtype=torch.long))
+        self.concepts = nn.Parameter(torch.zeros(len(classes), table.embedding_dim))
+        self.register_buffer("anchors", torch.zeros(len(classes), table.embedding_dim))
+        self.register_buffer("initialised", torch.tensor(False))
+        gen = torch.Generator().manual_seed(noise_seed)
+        # One fixed noise set per role, shared by all concepts (the "fixed seeds" of the sampler).
+        self.register_buffer("train_noise", torch.randn((num_train_seeds, *image_shape), generator=gen))
+        self.register_buffer("heldout_noise", torch.randn((num_heldout_seeds, *image_shape), generator=gen))
+        self.register_buffer("eval_noise", torch.randn((num_eval_seeds, *image_shape), generator=gen))
+        self.objective = objective
+        self._last_eval: Tensor | None = None
+        if warmup_steps == 0 and creator_checkpoint is None:
+            rank_zero_warn("CAMELModule: warmup_steps=0 and no creator_checkpoint: the Creator and Appraiser start "
+                           "untrained unless you passed trained ones.")
+
+    # -- Creator ---------------------------------------------------------------------
+    def generate(self, embeddings: Tensor, noise: Tensor) -> Tensor:
+        """Deterministic DDIM samples ``(M, n, C, H, W)`` for ``embeddings`` ``(M, D)`` and ``noise`` ``(n, C, H, W)``.
+
+        Differentiable in ``embeddings``: each one is appended to the Creator's class
+        embedding table and selected by its new label (``torch.func.functional_call``, no
+        change to the Creator itself).
+        """
+        from diffusers import DDIMScheduler
+
+        table = self.creator.model.class_embedding.weight
+        if embeddings.dim() != 2 or embeddings.shape[1] != table.shape[1]:
+            raise ValueError(f"`embeddings` has shape {tuple(embeddings.shape)}, expected (M, {table.shape[1]}).")
+        m, n = embeddings.shape[0], noise.shape[0]
+        scheduler = DDIMScheduler.from_config(self.creator.noise_scheduler.config)
+        scheduler.set_timesteps(self.hparams.num_inference_steps)
+        extended = torch.cat([table.detach(), embeddings.to(table.dtype)])
+        labels = (table.shape[0] + torch.arange(m, device=noise.device)).repeat_interleave(n)
+
+        def denoise(x: Tensor, t: int) -> Tensor:
+            steps = torch.full((x.shape[0],), t, device=x.device, dtype=torch.long)
+            out = functional_call(self.creator.model, {"class_embedding.weight": extended}, (x, steps),
+                                  {"class_labels": labels})
+            return out.sample if hasattr(out, "sample") else out
+
+        x0 = ddim_sample(denoise, noise.repeat(m, 1, 1, 1), scheduler.timesteps.tolist(),
+                         scheduler.alphas_cumprod, float(scheduler.final_alpha_cumprod),
+                         self.creator.prediction_type)
+        return x0.view(m, n, *noise.shape[1:])
+
+    def class_embeddings(self, classes: Tensor) -> Tensor:
+        """The Creator's own conditioning embeddings e_c ``(M, D)`` (the vanilla prompts)."""
+        return self.creator.model.class_embedding.weight[classes]
+
+    # -- Appraiser -------------------------------------------------------------------
+    def objective_terms(self, concepts: Tensor, train_noise: Tensor, heldout_noise: Tensor,
+                        first_order: bool | None = None) -> dict[str, Tensor]:
+        """Per-concept ``reward``, ``l0``, ``lk`` ``(M,)`` plus the samples ``x_heldout`` ``(M, n, C, H, W)``."""
+        first_order = self.hparams.first_order if first_order is None else first_order
+        samples = self.generate(concepts, torch.cat([train_noise, heldout_noise]))
+        x_train, x_heldout = samples[:, : train_noise.shape[0]], samples[:, train_noise.shape[0]:]
+        phi0 = {k: v.detach() for k, v in self.appraiser.named_parameters()}
+        terms = [camel_reward(self.appraiser, phi0, x_train[i], x_heldout[i], self.hparams.inner_steps,
+                              self.hparams.inner_lr, first_order) for i in range(concepts.shape[0])]
+        out = {k: torch.stack([t[k] for t in terms]) for k in ("reward", "l0", "lk")}
+        out["x_heldout"] = x_heldout
+        return out
+
+    def outer_loss(self, terms: dict[str, Tensor]) -> Tensor:
+        """The Creator's loss for ``objective``: −R (camel), −L₀ (novelty) or +L₀ (familiarity)."""
+        if self.objective == "camel":
+            return -terms["reward"].mean()
+        return -terms["l0"].mean() if self.objective == "novelty" else terms["l0"].mean()
+
+    # -- concepts --------------------------------------------------------------------
+    def start_concepts(self) -> None:
+        """Freeze Creator and Appraiser and initialise each concept at its class embedding (once)."""
+        self.creator.requires_grad_(False)
+        self.appraiser.requires_grad_(False)
+        if bool(self.initialised):
+            return
+        with torch.no_grad():
+            anchors = self.class_embeddings(self.concept_classes).detach()
+            self.anchors.copy_(anchors)
+            self.concepts.copy_(anchors)
+            self.initialised.fill_(True)
+
+    @torch.no_grad()
+    def project_concepts(self) -> None:
+        """Pull every concept back into ‖z − e_c‖ ≤ max_shift·‖e_c‖."""
+        if self.hparams.max_shift is None or not bool(self.initialised):
+            return
+        delta = self.concepts - self.anchors
+        radius = self.hparams.max_shift * self.anchors.norm(dim=1, keepdim=True)
+        scale = (radius / delta.norm(dim=1, keepdim=True).clamp_min(1e-12)).clamp(max=1.0)
+        self.concepts.copy_(self.anchors + delta * scale)
+
+    # -- Lightning -------------------------------------------------------------------
+    def configure_optimizers(self) -> Any:
+        others = [p for n, p in self.named_parameters() if n != "concepts"]
+        groups = [{"params": [self.concepts], "lr": self.hparams.concept_lr, "weight_decay": 0.0}]
+        # The Creator/Appraiser group exists iff there is a warm-up, so resumed runs see the same groups.
+        if others and self.hparams.warmup_steps > 0:
+            groups.insert(0, {"params": others})
+        optimizer = self.optimizer_factory(groups)
+        if self.lr_scheduler_factory is None:
+            return optimizer
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": self.lr_scheduler_factory(optimizer),
+                                                         "interval": self.lr_scheduler_interval}}
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        if self.global_step < self.hparams.warmup_steps and not bool(self.initialised):
+            creator_loss = self.creator.step(batch)["loss"]
+            appraiser_loss = F.mse_loss(self.appraiser(batch["x"]), batch["x"])
+            loss = apply_loss_hooks(self, batch, {"category": batch.get("category")}, creator_loss + appraiser_loss)
+            self.log_split("train", {"loss": loss, "creator_loss": creator_loss, "appraiser_loss": appraiser_loss},
+                           batch_size=batch["x"].shape[0])
+            return loss
+        self.start_concepts()
+        terms = self.objective_terms(self.concepts, self.train_noise, self.heldout_noise)
+        loss = apply_loss_hooks(self, batch, {"category": batch.get("category")}, self.outer_loss(terms))
+        self.log_split("train", {"loss": loss}, batch_size=batch["x"].shape[0])
+        for name in ("reward", "l0", "lk"):
+            log_method(self, "camel", name, terms[name].mean())
+        shift = (self.concepts - self.anchors).norm(dim=1) / self.anchors.norm(dim=1).clamp_min(1e-12)
+        log_method(self, "camel", "shift", shift.mean())
+        return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.project_concepts()
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        if batch_idx != 0 or not bool(self.initialised):
+            return
+        half = self.eval_noise.shape[0] // 2 or 1
+        with torch.no_grad():
+            terms = self.objective_terms(self.concepts, self.eval_noise[:half], self.eval_noise[half:] if
+                                         self.eval_noise.shape[0] > 1 else self.eval_noise, first_order=True)
+        self.log_split("val", {k: terms[k].mean() for k in ("reward", "l0", "lk")})
+        self._last_eval = terms["x_heldout"].detach().cpu()
+
+    def on_validation_epoch_end(self) -> None:
+        if self._last_eval is not None and not self.trainer.sanity_checking:
+            self.log_concept_grid(self._last_eval)
+        self._last_eval = None
+
+    def on_train_end(self) -> None:
+        directory = self._output_dir()
+        if directory is not None and bool(self.initialised) and self.trainer.is_global_zero:
+            torch.save({"concepts": self.concepts.detach().cpu(), "classes": self.concept_classes.cpu()},
+                       directory / "camel_concepts.pt")
+
+    def log_concept_grid(self, samples: Tensor, key: str = "method/camel/concepts") -> None:
+        """Log ``samples`` ``(M, n, C, H, W)`` as one image grid (a row per concept) to the logger.
+
+        TensorBoard gets ``add_image``, W&B ``log_image``; other loggers (CSV) get a PNG in their log dir.
+        """
+        from torchvision.utils import make_grid, save_image
+
+        if not self.trainer.is_global_zero or self.logger is None:
+            return
+        m, n = samples.shape[:2]
+        flat = samples.flatten(0, 1)
+        lo, hi = flat.amin(), flat.amax()
+        grid = make_grid((flat - lo) / (hi - lo).clamp_min(1e-8), nrow=n, padding=1)
+        experiment = getattr(self.logger, "experiment", None)
+        if hasattr(experiment, "add_image"):
+            experiment.add_image(key, grid, self.global_step)
+        elif hasattr(self.logger, "log_image"):
+            self.logger.log_image(key=key, images=[grid], step=self.global_step)
+        else:
+            directory = self._output_dir()
+            if directory is not None:
+                save_image(grid, directory / f"camel_concepts_step{self.global_step}.png")
+
+    def _output_dir(self) -> Path | None:
+        log_dir = getattr(self.logger, "log_dir", None) if self.logger is not None else None
+        if log_dir is None:
+            return None
+        path = Path(log_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        return path

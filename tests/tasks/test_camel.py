@@ -1,0 +1,106 @@
+"""CAMELModule: concept sampling, the two training phases, trust region, logged artefacts."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.loggers import CSVLogger
+
+from lit_lowrank.tasks.camel import CAMELModule
+from lit_lowrank.tasks.diffusion import DiffusionModule
+
+TINY = {"sample_size": 8, "in_channels": 1, "out_channels": 1, "layers_per_block": 1,
+        "block_out_channels": (8, 16), "down_block_types": ("DownBlock2D", "DownBlock2D"),
+        "up_block_types": ("UpBlock2D", "UpBlock2D"), "norm_num_groups": 4}
+
+
+def _module(**kwargs):
+    torch.manual_seed(0)
+    defaults = dict(unet_config=TINY, num_classes=10, concept_classes=[1, 7], num_train_seeds=4,
+                    num_heldout_seeds=4, num_eval_seeds=4, num_inference_steps=3, warmup_steps=2)
+    defaults.update(kwargs)
+    return CAMELModule(**defaults)
+
+
+def test_generate_is_deterministic_and_differentiable_in_the_concept():
+    model = _module()
+    model.start_concepts()
+    z = model.concepts.detach().clone().requires_grad_(True)
+    a = model.generate(z, model.train_noise)
+    b = model.generate(z.detach(), model.train_noise)
+    assert a.shape == (2, 4, 1, 8, 8)
+    assert torch.equal(a.detach(), b)
+    a.pow(2).sum().backward()
+    assert z.grad is not None and z.grad.abs().sum() > 0
+    assert all(p.grad is None for p in model.creator.parameters())  # the Creator stays frozen
+    # the vanilla concept (z = e_c) reproduces the Creator's own DDIM sampler for class c
+    vanilla = model.creator.sample(4, class_labels=torch.full((4,), 7), num_inference_steps=3, noise=model.train_noise)
+    torch.testing.assert_close(b[1], vanilla, atol=1e-5, rtol=1e-4)
+
+
+def test_fit_warms_up_then_moves_concepts_within_the_trust_region(tmp_path):
+    from lit_lowrank.datamodules import DigitsDataModule
+
+    model = _module(max_shift=0.5, concept_lr=0.5)
+    logger = CSVLogger(tmp_path, name="camel")
+    trainer = pl.Trainer(max_steps=4, limit_val_batches=1, val_check_interval=4, logger=logger,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         log_every_n_steps=1, num_sanity_val_steps=0)
+    trainer.fit(model, datamodule=DigitsDataModule(batch_size=32))
+    assert bool(model.initialised)
+    shift = (model.concepts - model.anchors).norm(dim=1) / model.anchors.norm(dim=1)
+    assert (shift > 0).all() and (shift <= 0.5 + 1e-5).all()
+    torch.testing.assert_close(model.anchors, model.creator.model.class_embedding.weight[[1, 7]])
+    metrics = trainer.callback_metrics
+    assert {"val/reward", "val/l0", "val/lk", "method/camel/reward", "train/creator_loss"} <= set(metrics)
+    log_dir = tmp_path / "camel" / "version_0"
+    assert list(log_dir.glob("camel_concepts_step*.png"))
+    saved = torch.load(log_dir / "camel_concepts.pt")
+    torch.testing.assert_close(saved["concepts"], model.concepts.detach())
+
+
+@pytest.mark.parametrize("objective", ["camel", "novelty", "familiarity"])
+def test_outer_loss_follows_the_objective(objective):
+    model = _module(objective=objective)
+    terms = {"reward": torch.tensor([1.0, 3.0]), "l0": torch.tensor([4.0, 6.0]), "lk": torch.tensor([3.0, 3.0])}
+    expected = {"camel": -2.0, "novelty": -5.0, "familiarity": 5.0}[objective]
+    assert model.outer_loss(terms).item() == expected
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="objective"):
+        _module(objective="fun")
+    with pytest.raises(ValueError, match="concept_classes"):
+        _module(concept_classes=[12])
+    with pytest.raises(ValueError, match="class_embedding"):
+        CAMELModule(creator=DiffusionModule(unet_config=TINY), warmup_steps=1)
+    with pytest.raises(FileNotFoundError, match="creator_checkpoint"):
+        _module(creator_checkpoint="/nonexistent.ckpt")
+
+
+def _write_idx(path, array, magic):
+    import numpy as np
+
+    header = np.array([magic, *array.shape], dtype=">i4").tobytes()
+    path.write_bytes(header + array.astype(np.uint8).tobytes())
+
+
+def test_mnist_datamodule_reads_a_local_torchvision_root_and_names_a_missing_one(tmp_path):
+    import numpy as np
+
+    from lit_lowrank.datamodules import MNISTDataModule
+
+    with pytest.raises(FileNotFoundError, match="MNIST not found"):
+        MNISTDataModule(root=str(tmp_path / "absent")).setup("fit")
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", 40), ("t10k", 20)):
+        _write_idx(raw / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28)), 2051)
+        _write_idx(raw / f"{prefix}-labels-idx1-ubyte", np.arange(n) % 10, 2049)
+    dm = MNISTDataModule(root=str(tmp_path), batch_size=8, normalize=False)
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["x"].shape == (8, 1, 28, 28) and 0 <= batch["x"].min() and batch["x"].max() <= 1
+    assert len(dm.train_set) + len(dm.val_set) + len(dm.test_set) == 60
