@@ -139,7 +139,11 @@ register_method(MethodSpec(
     baseline_config="configs/classification/specdrop_no_routing_digits.yaml", benchmark="specdrop",
     structural=True, ddp=True,
 ))
-_planned("specblock", "SpecBlock block-iterative speculative-decoding drafter", "engine", ("language_model",), 9)
+register_method(MethodSpec(
+    "specblock", "SpecBlock block-iterative speculative-decoding drafter", "engine", ("language_model",), 9,
+    component="lit_lowrank.decoding.SpecBlockDrafter", config="configs/language_model/specblock_smollm2.yaml",
+    baseline_config="configs/language_model/specblock_eagle_smollm2.yaml", benchmark="specblock",
+))
 _planned("nn_qst", "Neural-network quantum state tomography, max-sliced W1", "engine", ("tomography",), 19)
 _planned("fed_lowshot", "Federated low-shot intrusion detection with a prior bank", "engine", ("fewshot",), 20)
 register_method(MethodSpec(

@@ -1,5 +1,19 @@
-"""decoding: inference engines for causal LMs — stable-rank Best-of-N and scoring (speculative decoding lands here too)."""
+"""decoding: inference engines for causal LMs — lossless speculative decoding (draft trees verified in one
+target forward) with SpecBlock, EAGLE-style and Medusa-style drafters, and stable-rank scoring / Best-of-N."""
 
+from lit_lowrank.decoding.adaptive import BanditAdaptiveDrafter
+from lit_lowrank.decoding.drafters import EagleDrafter, MedusaDrafter, SpecBlockDrafter
+from lit_lowrank.decoding.engine import (
+    DecodeStats,
+    Drafter,
+    DraftRequest,
+    DraftTree,
+    RoundFeedback,
+    SpeculativeDecoder,
+    TargetLM,
+    plain_decode,
+    skip_decoder_layers,
+)
 from lit_lowrank.decoding.stable_rank import (
     BestOfNResult,
     ResponseScorer,
@@ -9,4 +23,8 @@ from lit_lowrank.decoding.stable_rank import (
     pairwise_accuracy,
 )
 
-__all__ = ["BestOfNResult", "ResponseScorer", "StableRankReward", "best_of_n", "evaluate_pairs", "pairwise_accuracy"]
+__all__ = [
+    "BanditAdaptiveDrafter", "DecodeStats", "DraftRequest", "DraftTree", "Drafter", "EagleDrafter", "MedusaDrafter",
+    "RoundFeedback", "SpecBlockDrafter", "SpeculativeDecoder", "TargetLM", "plain_decode", "skip_decoder_layers",
+]
+__all__ += ["BestOfNResult", "ResponseScorer", "StableRankReward", "best_of_n", "evaluate_pairs", "pairwise_accuracy"]

@@ -53,6 +53,16 @@ from lit_lowrank.ops.specdrop import (
     specdrop_weights,
     topk_routing,
 )
+from lit_lowrank.ops.speculative import (
+    greedy_tree_accept,
+    rank_bucket_targets,
+    rank_probabilities,
+    recursive_rejection_sample,
+    sampling_tree_accept,
+    tree_attention_mask,
+    tree_position_ids,
+    valid_prefix_mask,
+)
 from lit_lowrank.ops.sphquant import (
     angles_from_codebook,
     codebook_from_angles,
@@ -63,6 +73,7 @@ from lit_lowrank.ops.sphquant import (
 )
 from lit_lowrank.ops.stable_rank import stable_rank
 from lit_lowrank.ops.stac_r import compress_activation, decompress_activation, gradient_bridge, stac_r_linear
+from lit_lowrank.ops.update_bandit import UPDATE_ARMS, CostAwareUpdateBandit
 
 __all__ = ["block_causal_mask", "cu_seqlens_from_doc_ids", "position_ids_from_doc_ids"]
 __all__ += [
@@ -88,3 +99,8 @@ __all__ += ["BitsBreakdown", "gptq_quantize", "hadamard_rotate", "pack_fields", 
             "positive_orthant_kmeans", "sph_dequantize", "sph_quantize"]
 __all__ += ["group_advantages", "grpo_loss", "mean_log_prob", "negative_entropy", "self_certainty", "stable_rank"]
 __all__ += ["adapt_appraiser", "basin_distance", "camel_reward", "ddim_sample"]
+__all__ += [
+    "CostAwareUpdateBandit", "UPDATE_ARMS", "greedy_tree_accept", "rank_bucket_targets", "rank_probabilities",
+    "recursive_rejection_sample", "sampling_tree_accept", "tree_attention_mask", "tree_position_ids",
+    "valid_prefix_mask",
+]

@@ -1,0 +1,452 @@
+"""A lossless speculative-decoding engine for transformers causal LMs with a KV cache.
+
+One round: the drafter proposes a tree of candidate tokens below the *root* (the token
+the target already chose); the target verifies the root and the whole tree in one
+forward with a tree attention mask and tree position ids; the accepted path is kept in
+the target's KV cache, the rest is dropped; the target's token after the accepted path
+(the *bonus*) becomes the next root. Greedy verification follows the target's argmax;
+sampling uses the multi-candidate speculative sampling rule
+(:func:`~lit_lowrank.ops.speculative.sampling_tree_accept`), so the output is
+distributed exactly as the target's own sampling, whatever the drafter proposes.
+
+Drafters plug in behind :class:`Drafter`: ``draft(request) -> DraftTree``. A request
+carries the committed tokens, the target's last hidden states at the committed
+positions (EAGLE-style feature drafters read them), the verifier budget and the
+:class:`TargetLM` itself, so a *self*-drafter can run the target with layers skipped
+(:meth:`TargetLM.forward` with ``skip_layers``, its own :meth:`TargetLM.new_cache`).
+After each round :meth:`Drafter.observe` receives the verifier's feedback (accepted
+nodes, the target's tokens and hidden states at every node): free labels for online
+adaptation.
+
+Batch size 1 (one sequence), as in the speculative-decoding papers.
+
+.. code-block:: python
+
+    from lit_lowrank.decoding import SpeculativeDecoder, TargetLM, plain_decode
+
+    target = TargetLM(model)                                  # any transformers causal LM
+    engine = SpeculativeDecoder(target, drafter, budget=24)
+    out, stats = engine.generate(prompt_ids, max_new_tokens=64, eos_token_id=2)
+    ref, _ = plain_decode(target, prompt_ids, max_new_tokens=64, eos_token_id=2)
+    assert torch.equal(out, ref)                              # greedy: identical
+    print(stats.mean_acceptance_length, stats.tokens_per_second)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lit_lowrank.ops.speculative import (
+    additive_mask,
+    greedy_tree_accept,
+    sampling_tree_accept,
+    tree_attention_mask,
+    tree_position_ids,
+)
+
+
+@contextlib.contextmanager
+def skip_decoder_layers(model: nn.Module, skip: set[int] | None) -> Iterator[None]:
+    """Run ``model`` with the decoder layers in ``skip`` left out (restored on exit).
+
+    The kept layers keep their own ``layer_idx``, so a KV cache stays indexed by the full
+    model's layer numbers: a self-drafter (SPIRIT, SWIFT) can share one cache layout
+    with the verifier. Needs a model whose decoder exposes ``layers`` (Llama, Mistral,
+    Qwen, SmolLM, ...).
+
+    .. code-block:: python
+
+        with skip_decoder_layers(model, {3, 4, 7}):
+            logits = model(input_ids).logits      # the layer-skipped draft model
+    """
+    if not skip:
+        yield
+        return
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    layers = getattr(decoder, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise ValueError(f"skip_layers: {type(model).__name__} has no decoder `layers` ModuleList to skip.")
+    bad = [i for i in skip if not 0 <= i < len(layers)]
+    if bad:
+        raise ValueError(f"skip_layers: indices {bad} outside 0..{len(layers) - 1}.")
+    decoder.layers = nn.ModuleList([layer for i, layer in enumerate(layers) if i not in skip])
+    try:
+        yield
+    finally:
+        decoder.layers = layers
+
+
+class TargetLM:
+    """The verifier: a transformers causal LM with a KV cache it manages for one sequence.
+
+    Args:
+        model: a transformers ``*ForCausalLM`` (put in eval mode; gradients are off here).
+
+    .. code-block:: python
+
+        target = TargetLM(model)
+        logits, hidden = target.start(prompt_ids)             # (T, V), (T, H)
+        logits, hidden = target.extend(tokens, parents)       # tree verify after the prefix
+        target.keep([0, 2, 5])                                 # keep the accepted path only
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model.eval()
+        self.cache: Any = None
+        self._pending = 0
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def length(self) -> int:
+        """Tokens in the cache (the committed prefix)."""
+        return 0 if self.cache is None else int(self.cache.get_seq_length())
+
+    def new_cache(self) -> Any:
+        """An empty transformers ``DynamicCache`` for this model."""
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        """The target's input embeddings of ``tokens`` (drafters share them)."""
+        return self.model.get_input_embeddings()(tokens)
+
+    @torch.no_grad()
+    def forward(self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor | None, cache: Any,
+                skip_layers: set[int] | None = None) -> tuple[Tensor, Tensor]:
+        """One forward of ``input_ids`` ``(N,)`` after what ``cache`` holds (the cache is extended).
+
+        Args:
+            input_ids: ``(N,)`` tokens.
+            position_ids: ``(N,)`` positions.
+            attention_mask: ``(N, cached + N)`` bool, or ``None`` for plain causal.
+            cache: a ``DynamicCache`` (see :meth:`new_cache`).
+            skip_layers: decoder layers to leave out (self-speculative drafting).
+
+        Returns:
+            ``(logits (N, V), hidden (N, H))``: hidden is the last hidden state (after the final norm).
+        """
+        mask = None if attention_mask is None else additive_mask(attention_mask, self.dtype)
+        with skip_decoder_layers(self.model, skip_layers):
+            out = self.model(input_ids=input_ids[None], position_ids=position_ids[None], attention_mask=mask,
+                             cache=cache, use_cache=True, output_hidden_states=True)
+        return out.logits[0], out.hidden_states[-1][0]
+
+    def start(self, input_ids: Tensor) -> tuple[Tensor, Tensor]:
+        """Reset the cache and prefill ``input_ids`` ``(T,)``; returns logits and hidden ``(T, ·)``."""
+        if input_ids.dim() != 1 or input_ids.numel() == 0:
+            raise ValueError(f"`input_ids` must be a non-empty (T,) tensor, got shape {tuple(input_ids.shape)}.")
+        self.cache = self.new_cache()
+        self._pending = 0
+        positions = torch.arange(input_ids.numel(), device=input_ids.device)
+        return self.forward(input_ids, positions, None, self.cache)
+
+    def extend(self, tokens: Tensor, parents: Tensor) -> tuple[Tensor, Tensor]:
+        """Verify a tree ``(tokens, parents)`` after the cached prefix (one forward).
+
+        Node ``i`` sits at position ``prefix + depth(i) - 1`` and sees the prefix and its
+        ancestors. The cache then holds the prefix and every node until :meth:`keep`.
+        """
+        if self.cache is None:
+            raise RuntimeError("TargetLM.extend before start(): prefill a prompt first.")
+        prefix = self.length
+        mask = tree_attention_mask(parents, prefix)
+        self._pending = tokens.numel()  # what keep() may select from
+        return self.forward(tokens, tree_position_ids(parents, prefix).to(tokens.device), mask, self.cache)
+
+    def keep(self, nodes: list[int]) -> None:
+        """Keep only the nodes ``nodes`` (in this order) of the last :meth:`extend` in the cache."""
+        if self._pending == 0:
+            raise RuntimeError("TargetLM.keep without a preceding extend().")
+        prefix = self.length - self._pending
+        bad = [n for n in nodes if not 0 <= n < self._pending]
+        if bad:
+            raise ValueError(f"keep: nodes {bad} outside the last extend's 0..{self._pending - 1}.")
+        self._pending = 0
+        index = torch.cat([torch.arange(prefix), prefix + torch.tensor(nodes, dtype=torch.long)]).to(self.device)
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(-2, index)
+            layer.values = layer.values.index_select(-2, index)
+
+
+@dataclass
+class DraftTree:
+    """A drafter's proposal below the root.
+
+    Attributes:
+        tokens: ``(N,)`` drafted tokens.
+        parents: ``(N,)`` parent indices into ``tokens``, ``-1`` = a child of the root;
+            topologically ordered; siblings carry distinct tokens.
+        forwards: drafter forward passes spent on this tree.
+        info: anything the drafter wants back in :meth:`Drafter.observe`.
+    """
+
+    tokens: Tensor
+    parents: Tensor
+    forwards: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.tokens.shape != self.parents.shape or self.tokens.dim() != 1:
+            raise ValueError(f"DraftTree: tokens {tuple(self.tokens.shape)} and parents {tuple(self.parents.shape)} "
+                             "must both be (N,).")
+
+
+@dataclass
+class DraftRequest:
+    """What a drafter sees each round.
+
+    Attributes:
+        tokens: ``(T,)`` committed tokens; ``tokens[-1]`` is the root (chosen by the target,
+            not yet in its cache).
+        features: ``(T - 1, H)`` the target's last hidden state at positions ``0..T-2``
+            (``features[i]`` produced ``tokens[i + 1]``).
+        budget: most draft nodes the verifier will take.
+        target: the verifier (for self-drafters and the shared embeddings).
+    """
+
+    tokens: Tensor
+    features: Tensor
+    budget: int
+    target: TargetLM
+
+
+@dataclass
+class RoundFeedback:
+    """What the verifier tells the drafter after a round (free labels for adaptation).
+
+    Attributes:
+        request: the round's request.
+        tree: the drafted tree.
+        accepted: accepted draft-node indices (into ``tree.tokens``), root to leaf.
+        target_tokens: ``(N + 1,)`` the target's argmax at the root and every node.
+        target_features: ``(N + 1, H)`` the target's hidden states there.
+        bonus: the token after the accepted path.
+    """
+
+    request: DraftRequest
+    tree: DraftTree
+    accepted: list[int]
+    target_tokens: Tensor
+    target_features: Tensor
+    bonus: int
+
+
+class Drafter:
+    """The drafter interface: override :meth:`draft`; :meth:`reset` / :meth:`observe` are optional.
+
+    .. code-block:: python
+
+        class ChainDrafter(Drafter):
+            def draft(self, request):
+                toks = my_guess(request.tokens, n=request.budget)
+                return DraftTree(toks, torch.arange(len(toks)) - 1, forwards=len(toks))
+    """
+
+    def reset(self) -> None:
+        """A new sequence starts."""
+
+    def draft(self, request: DraftRequest) -> DraftTree:
+        raise NotImplementedError
+
+    def observe(self, feedback: RoundFeedback) -> None:
+        """The verifier's feedback for the last round."""
+
+
+@dataclass
+class DecodeStats:
+    """Per-generation statistics.
+
+    ``mean_acceptance_length`` (τ) is tokens emitted per target forward after the prefill
+    (accepted draft tokens + the bonus token), ``forwards_per_round`` the drafter forward
+    passes per round, ``draft_share`` the fraction of decode time spent drafting.
+    """
+
+    new_tokens: int = 0
+    rounds: int = 0
+    accepted: list[int] = field(default_factory=list)
+    drafter_forwards: int = 0
+    draft_nodes: int = 0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    total_seconds: float = 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return sum(a + 1 for a in self.accepted) / max(self.rounds, 1)
+
+    @property
+    def forwards_per_round(self) -> float:
+        return self.drafter_forwards / max(self.rounds, 1)
+
+    @property
+    def draft_share(self) -> float:
+        decode = self.total_seconds - self.prefill_seconds
+        return self.draft_seconds / decode if decode > 0 else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.total_seconds if self.total_seconds > 0 else 0.0
+
+    def merge(self, other: DecodeStats) -> DecodeStats:
+        """Sum of two runs' statistics."""
+        return DecodeStats(
+            self.new_tokens + other.new_tokens, self.rounds + other.rounds, self.accepted + other.accepted,
+            self.drafter_forwards + other.drafter_forwards, self.draft_nodes + other.draft_nodes,
+            self.draft_seconds + other.draft_seconds, self.verify_seconds + other.verify_seconds,
+            self.prefill_seconds + other.prefill_seconds, self.total_seconds + other.total_seconds,
+        )
+
+
+def _check_generate_args(input_ids: Tensor, max_new_tokens: int, temperature: float) -> Tensor:
+    if input_ids.dim() == 2:
+        if input_ids.shape[0] != 1:
+            raise ValueError(f"`input_ids`: batch size 1 only, got shape {tuple(input_ids.shape)}.")
+        input_ids = input_ids[0]
+    if input_ids.dim() != 1 or input_ids.numel() == 0:
+        raise ValueError(f"`input_ids` must be (T,) or (1, T) with T >= 1, got shape {tuple(input_ids.shape)}.")
+    if max_new_tokens < 1:
+        raise ValueError(f"`max_new_tokens` must be >= 1, got {max_new_tokens}.")
+    if temperature <= 0:
+        raise ValueError(f"`temperature` must be > 0 (use do_sample=False for greedy), got {temperature}.")
+    return input_ids
+
+
+def _finish(generated: list[int], max_new_tokens: int, eos_token_id: int | None) -> tuple[list[int], bool]:
+    """Cut at max_new_tokens and after the first EOS; whether decoding is over."""
+    out = generated[:max_new_tokens]
+    if eos_token_id is not None and eos_token_id in out:
+        return out[: out.index(eos_token_id) + 1], True
+    return out, len(out) >= max_new_tokens
+
+
+def _choose(logits: Tensor, do_sample: bool, temperature: float, generator: torch.Generator | None) -> int:
+    if not do_sample:
+        return int(logits.argmax())
+    probs = torch.softmax(logits.double() / temperature, -1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+@torch.no_grad()
+def plain_decode(target: TargetLM, input_ids: Tensor, max_new_tokens: int, eos_token_id: int | None = None,
+                 do_sample: bool = False, temperature: float = 1.0,
+                 generator: torch.Generator | None = None) -> tuple[Tensor, DecodeStats]:
+    """Plain autoregressive decoding with the target's KV cache (the baseline; one forward per token).
+
+    Returns the prompt followed by the new tokens (cut after the first EOS) and the stats.
+
+    .. code-block:: python
+
+        out, stats = plain_decode(TargetLM(model), prompt, max_new_tokens=32)
+    """
+    input_ids = _check_generate_args(input_ids, max_new_tokens, temperature)
+    start = time.perf_counter()
+    logits, _ = target.start(input_ids)
+    stats = DecodeStats(prefill_seconds=time.perf_counter() - start)
+    generated = [_choose(logits[-1], do_sample, temperature, generator)]
+    root = torch.zeros(1, dtype=torch.long, device=input_ids.device)
+    parents = torch.full((1,), -1, dtype=torch.long, device=input_ids.device)
+    while True:
+        generated, done = _finish(generated, max_new_tokens, eos_token_id)
+        if done:
+            break
+        root[0] = generated[-1]
+        t0 = time.perf_counter()
+        logits, _ = target.extend(root, parents)
+        stats.verify_seconds += time.perf_counter() - t0
+        stats.rounds += 1
+        stats.accepted.append(0)
+        generated.append(_choose(logits[-1], do_sample, temperature, generator))
+    stats.total_seconds = time.perf_counter() - start
+    stats.new_tokens = len(generated)
+    return torch.cat([input_ids, torch.tensor(generated, dtype=torch.long, device=input_ids.device)]), stats
+
+
+class SpeculativeDecoder:
+    """Draft a tree, verify it in one target forward, keep the accepted path (lossless).
+
+    Args:
+        target: the verifier (:class:`TargetLM`) or a transformers causal LM.
+        drafter: a :class:`Drafter`.
+        budget: verifier token budget: the most draft nodes per round (the root is extra).
+
+    .. code-block:: python
+
+        engine = SpeculativeDecoder(model, SpecBlockDrafter(net, block_size=4), budget=24)
+        out, stats = engine.generate(prompt_ids, max_new_tokens=128, do_sample=True, temperature=0.7)
+    """
+
+    def __init__(self, target: TargetLM | nn.Module, drafter: Drafter, budget: int = 24) -> None:
+        if budget < 1:
+            raise ValueError(f"`budget` must be >= 1 draft node, got {budget}.")
+        if not isinstance(drafter, Drafter):
+            raise TypeError(f"`drafter` must be a lit_lowrank.decoding.Drafter, got {type(drafter).__name__}.")
+        self.target = target if isinstance(target, TargetLM) else TargetLM(target)
+        self.drafter = drafter
+        self.budget = budget
+
+    @torch.no_grad()
+    def generate(self, input_ids: Tensor, max_new_tokens: int, eos_token_id: int | None = None,
+                 do_sample: bool = False, temperature: float = 1.0,
+                 generator: torch.Generator | None = None) -> tuple[Tensor, DecodeStats]:
+        """Decode up to ``max_new_tokens`` after ``input_ids`` ``(T,)`` or ``(1, T)``.
+
+        Returns the prompt followed by the new tokens (cut after the first EOS, exactly
+        like plain decoding) and the :class:`DecodeStats`.
+        """
+        input_ids = _check_generate_args(input_ids, max_new_tokens, temperature)
+        device = input_ids.device
+        start = time.perf_counter()
+        target, drafter = self.target, self.drafter
+        logits, hidden = target.start(input_ids)
+        stats = DecodeStats(prefill_seconds=time.perf_counter() - start)
+        features = hidden
+        generated = [_choose(logits[-1], do_sample, temperature, generator)]
+        drafter.reset()
+        while True:
+            generated, done = _finish(generated, max_new_tokens, eos_token_id)
+            if done:
+                break
+            committed = torch.cat([input_ids, torch.tensor(generated, dtype=torch.long, device=device)])
+            request = DraftRequest(committed, features, self.budget, target)
+            t0 = time.perf_counter()
+            tree = drafter.draft(request)
+            t1 = time.perf_counter()
+            if tree.tokens.numel() > self.budget:
+                raise ValueError(f"{type(drafter).__name__} drafted {tree.tokens.numel()} nodes > budget {self.budget}.")
+            tokens = torch.cat([committed[-1:], tree.tokens.to(device)])
+            parents = torch.cat([torch.full((1,), -1, dtype=torch.long, device=device), tree.parents.to(device) + 1])
+            logits, hidden = target.extend(tokens, parents)
+            if do_sample:
+                probs = torch.softmax(logits.double() / temperature, -1)
+                path, bonus = sampling_tree_accept(tokens, parents, probs, generator)
+            else:
+                path, bonus = greedy_tree_accept(tokens, parents, logits.argmax(-1))
+            target.keep(path)
+            stats.verify_seconds += time.perf_counter() - t1
+            stats.draft_seconds += t1 - t0
+            features = torch.cat([features, hidden[path]])
+            generated += tokens[path[1:]].tolist() + [bonus]
+            stats.rounds += 1
+            stats.accepted.append(len(path) - 1)
+            stats.drafter_forwards += tree.forwards
+            stats.draft_nodes += tree.tokens.numel()
+            drafter.observe(RoundFeedback(request, tree, [p - 1 for p in path[1:]], logits.argmax(-1), hidden, bonus))
+        stats.total_seconds = time.perf_counter() - start
+        stats.new_tokens = len(generated)
+        return torch.cat([input_ids, torch.tensor(generated, dtype=torch.long, device=device)]), stats
