@@ -13,6 +13,7 @@ pack-hook counter.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -34,11 +35,13 @@ from lit_lowrank.ops.stac_r import (
     init_basis,
     iso_byte_rank,
     oja_update,
+    random_projection,
+    random_projection_rank,
     stac_r_linear,
     subspace_iteration,
 )
 
-BasisMode = Literal["tracked", "untracked", "svd"]
+BasisMode = Literal["tracked", "untracked", "svd", "random"]
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -54,8 +57,11 @@ class STACRLinear(nn.Linear):
     ``mode``: ``"off"`` (plain Linear), ``"calibrate"`` (exact, saves the input; initialises
     the basis), ``"compress"``. ``basis_mode``: ``"tracked"`` (one subspace-iteration / Oja
     update per step), ``"untracked"`` (frozen after the first step) or ``"svd"`` (a fresh
-    per-step SVD basis, stored with the coefficients at the iso-byte rank). Outside
-    training or without grad it is exactly ``F.linear``.
+    per-step SVD basis, stored with the coefficients at the iso-byte rank) or ``"random"``
+    (CompAct-style: a fresh Gaussian projection every step, regenerable from a seed so
+    nothing but the coefficients is stored, no residual, its width chosen so the code's
+    bytes match the tracked code's, :func:`~lit_lowrank.ops.stac_r.random_projection_rank`).
+    Outside training or without grad it is exactly ``F.linear``.
 
     .. code-block:: python
 
@@ -72,8 +78,8 @@ class STACRLinear(nn.Linear):
         self.bias = base.bias
         if not 1 <= rank < self.in_features:
             raise ValueError(f"`rank`={rank} must be in [1, in_features={self.in_features}) for a useful code.")
-        if basis_mode not in ("tracked", "untracked", "svd"):
-            raise ValueError(f"`basis`={basis_mode!r}, expected 'tracked', 'untracked' or 'svd'.")
+        if basis_mode not in ("tracked", "untracked", "svd", "random"):
+            raise ValueError(f"`basis`={basis_mode!r}, expected 'tracked', 'untracked', 'svd' or 'random'.")
         if update not in ("subspace", "oja"):
             raise ValueError(f"`update`={update!r}, expected 'subspace' or 'oja'.")
         self.rank, self.residual_density, self.residual_bits = rank, residual_density, residual_bits
@@ -82,13 +88,24 @@ class STACRLinear(nn.Linear):
         self.mode = "compress"
         self.diagnose = False
         self.diagnostics: dict[str, Any] = {}
+        # the random control's seed: drawn once from the global RNG (reproducible under manual_seed), then
+        # one fresh projection per compressed step from (seed, step) without touching the global stream
+        self.projection_seed = int(torch.randint(0, 2**31 - 1, ()).item()) if basis_mode == "random" else 0
+        self.projection_step = 0
 
     def _rank_for(self, n: int) -> int:
-        return iso_byte_rank(n, self.in_features, self.rank, self.coef_dtype) if self.basis_mode == "svd" else self.rank
+        if self.basis_mode == "svd":
+            return iso_byte_rank(n, self.in_features, self.rank, self.coef_dtype)
+        if self.basis_mode == "random":
+            return random_projection_rank(n, self.in_features, self.rank, self.residual_density, self.coef_dtype)
+        return self.rank
+
+    def _density(self) -> float:
+        return 0.0 if self.basis_mode == "random" else self.residual_density
 
     def code_nbytes(self, n: int) -> int:
         """Bytes saved for an input of ``n`` rows."""
-        return compressed_nbytes(n, self.in_features, self._rank_for(n), self.residual_density, self.coef_dtype,
+        return compressed_nbytes(n, self.in_features, self._rank_for(n), self._density(), self.coef_dtype,
                                  basis_stored=self.basis_mode == "svd")
 
     def forward(self, x: Tensor) -> Tensor:
@@ -97,15 +114,19 @@ class STACRLinear(nn.Linear):
             return F.linear(x, self.weight, self.bias)
         x2d = x.detach().reshape(-1, self.in_features)
         basis = self.stac_r_basis
-        if self.basis_mode == "svd":
+        if self.basis_mode == "random":
+            self.projection_step += 1
+            basis = random_projection(self.in_features, self._rank_for(x2d.shape[0]),
+                                      self.projection_seed + 7919 * self.projection_step, x2d.device)
+        elif self.basis_mode == "svd":
             basis = init_basis(x2d, self._rank_for(x2d.shape[0]))
         elif basis is None:
             basis = init_basis(x2d, self.rank)
         elif self.basis_mode == "tracked" and self.mode == "compress":
             basis = subspace_iteration(basis, x2d) if self.update == "subspace" else oja_update(basis, x2d, self.oja_lr)
-        if self.basis_mode != "svd":
+        if self.basis_mode not in ("svd", "random"):
             self.stac_r_basis = basis  # a new tensor each update: graphs of earlier steps keep theirs
-        return stac_r_linear(x, self.weight, self.bias, basis, self.residual_density, self.residual_bits,
+        return stac_r_linear(x, self.weight, self.bias, basis, self._density(), self.residual_bits,
                              self.coef_dtype, store_basis=self.basis_mode == "svd", exact=self.mode == "calibrate",
                              diagnostics=self.diagnostics if self.diagnose else None)
 
@@ -166,8 +187,11 @@ class STACR(MethodCallback):
         residual_density: kept fraction of residual entries (0 = no residual).
         residual_bits: bit width of the residual values (≤ 8, stored as int8).
         target: Linear layers to compress (regex / names / ``None`` = every wide-enough Linear).
-        basis: ``"tracked"`` (STAC-R), ``"untracked"`` (frozen after step 0) or ``"svd"``
-            (iso-byte per-step SVD): the controls live in the same code.
+        basis: ``"tracked"`` (STAC-R), ``"untracked"`` (frozen after step 0), ``"svd"``
+            (iso-byte per-step SVD) or ``"random"`` (iso-byte fresh Gaussian projection per
+            step, CompAct-style): the controls live in the same code. The activation-checkpointing
+            baseline is :func:`apply_checkpointing`; the "Turbo" composition is this callback
+            with a GaLore optimizer (:func:`galore_param_groups`).
         update: ``"subspace"`` iteration or ``"oja"`` (with ``oja_lr``).
         coef_dtype: coefficient storage dtype.
         skip_increasing: leave uncompressed the layers the predictor flags (default: warn only).
@@ -339,3 +363,76 @@ def reconstruction_error(layer: STACRLinear, x: Tensor) -> float:
         raise ValueError("reconstruction_error: the layer has no basis yet (run a training step first).")
     code = compress_activation(x2d, layer.stac_r_basis, layer.residual_density, layer.residual_bits, layer.coef_dtype)
     return float((x2d - decompress_activation(code)).norm() / x2d.norm().clamp_min(1e-30))
+
+
+def apply_checkpointing(model: nn.Module, target: str | Sequence[str]) -> list[str]:
+    """Activation-checkpointing baseline: recompute the selected modules (e.g. transformer blocks) in backward.
+
+    Each matched module's ``forward`` is wrapped in the *reentrant*
+    :func:`torch.utils.checkpoint.checkpoint`: only the block inputs are saved (through the
+    ordinary saved-tensor hooks, so :class:`~lit_lowrank.ops.saved_tensors.SavedTensorCounter`
+    sees them), and the block's own saved tensors are created again during backward, inside
+    the same hooks, so the counter measures the real peak (boundaries + one recomputed block).
+    The non-reentrant variant keeps its inputs and recomputed tensors outside the hooks and
+    would be under-counted. Keyword arguments (masks, rotary tables) are bound by
+    ``functools.partial`` (they need no gradient). A call whose tensor inputs need no
+    gradient, and every call outside training / without grad, runs the block plainly
+    (reentrant checkpointing would drop its parameter gradients). Parameters and
+    ``state_dict`` keys are unchanged; set ``module.stac_r_checkpoint = False`` to switch a block off.
+    Returns the names of the wrapped modules (idempotent).
+
+    .. code-block:: python
+
+        names = apply_checkpointing(lm, target=r"layers\.\d+$")   # every GPT-NeoX block
+    """
+    names = []
+    for name, module in find_modules(model, target):
+        names.append(name)
+        if getattr(module, "stac_r_checkpoint", None) is not None:
+            continue
+        module.stac_r_checkpoint = True
+        module.forward = functools.partial(_checkpointed_forward, module, module.forward)
+    return names
+
+
+def _checkpointed_forward(module: nn.Module, forward: Any, *args: Any, **kwargs: Any) -> Any:
+    needs_grad = any(isinstance(a, Tensor) and a.requires_grad for a in args)
+    if not (module.stac_r_checkpoint and module.training and torch.is_grad_enabled() and needs_grad):
+        return forward(*args, **kwargs)
+    from torch.utils.checkpoint import checkpoint
+
+    # a recomputed layer must not write a KV cache a second time in backward (HF layers take it as a kwarg)
+    kwargs = {k: (None if k in _CACHE_KWARGS else v) for k, v in kwargs.items()}
+    if kwargs.get("use_cache"):
+        kwargs["use_cache"] = False
+    return checkpoint(functools.partial(forward, **kwargs), *args, use_reentrant=True)
+
+
+_CACHE_KWARGS = frozenset({"past_key_values", "past_key_value", "layer_past", "cache"})
+
+
+def galore_param_groups(model: nn.Module, target: str | Sequence[str] | None = None, rank: int = 16,
+                        update_proj_gap: int = 50, scale: float = 1.0, proj_type: str = "std") -> list[dict[str, Any]]:
+    """Parameter groups for ``galore_torch.GaLoreAdamW``: the weights of the selected Linear layers are GaLore's.
+
+    The "Turbo" composition of METHODS.md §11: STAC-R compresses what those layers *save*,
+    GaLore what the optimizer *keeps* for them (its Adam moments live in a rank-``rank``
+    projection of the gradient, ``(rank, n)`` instead of ``(m, n)``). Every other parameter
+    (embeddings, norms, biases, the head) is an ordinary AdamW group.
+
+    .. code-block:: python
+
+        from galore_torch import GaLoreAdamW
+
+        layers = apply_stac_r(lm, target=r"layers\.", rank=16)
+        opt = GaLoreAdamW(galore_param_groups(lm, target=r"layers\.", rank=16), lr=2e-3)
+    """
+    if not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"`rank`={rank!r}, expected a positive integer.")
+    chosen = {id(m.weight) for _, m in find_modules(model, target, nn.Linear) if min(m.weight.shape) > rank}
+    low = [p for p in model.parameters() if id(p) in chosen and p.requires_grad]
+    rest = [p for p in model.parameters() if id(p) not in chosen and p.requires_grad]
+    if not low:
+        raise ValueError(f"`target`={target!r} leaves no Linear weight with both dimensions above rank={rank}.")
+    return [{"params": rest}, {"params": low, "rank": rank, "update_proj_gap": update_proj_gap, "scale": scale,
+                               "proj_type": proj_type}]

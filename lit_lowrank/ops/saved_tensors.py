@@ -35,8 +35,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = ["MIB", "SavedTensorCodec", "SavedTensorCounter", "SavedTensorEvent", "is_parameter_like", "measure_saved_bytes",
-           "storage_key",
-           "tensor_bytes"]
+           "optimizer_state_bytes", "storage_key", "tensor_bytes", "training_state_bytes"]
 
 #: MiB = 2**20 bytes (METHODS.md).
 MIB = float(2**20)
@@ -225,3 +224,53 @@ def measure_saved_bytes(fn: Callable[[], Any], codec: SavedTensorCodec | None = 
     with SavedTensorCounter(codec=codec) as counter:
         fn()
     return counter.peak_bytes
+
+
+def _state_tensors(value: Any, depth: int = 0) -> list[Tensor]:
+    if isinstance(value, Tensor):
+        return [value]
+    if depth > 3:
+        return []
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _state_tensors(v, depth + 1)]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _state_tensors(v, depth + 1)]
+    if hasattr(value, "__dict__"):  # e.g. GaLore's projector object holding its (r, n) basis
+        return [t for v in vars(value).values() for t in _state_tensors(v, depth + 1)]
+    return []
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the tensors an optimizer keeps in ``optimizer.state`` (moments, projectors; scalars included).
+
+    Counted by storage, once each, so it measures what the optimizer really holds (a
+    GaLore moment is ``(r, n)``, not the weight's ``(m, n)``).
+
+    .. code-block:: python
+
+        opt.step(); print(optimizer_state_bytes(opt) / MIB, "MiB of optimizer state")
+    """
+    seen: dict[tuple[Any, ...], int] = {}
+    for state in optimizer.state.values():
+        for t in _state_tensors(state):
+            seen.setdefault(storage_key(t), tensor_bytes(t))
+    return sum(seen.values())
+
+
+def training_state_bytes(module: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                         extra: list[Tensor] | None = None) -> int:
+    """Bytes of the persistent training state: parameters + their ``.grad`` + optimizer state (+ ``extra``).
+
+    Added to the saved-activation peak of :class:`SavedTensorCounter` this is the peak
+    *total* memory by accounting on CPU (the gradients are counted as alive throughout, an
+    upper bound during backward), for comparing methods where ``torch.cuda.max_memory_allocated``
+    does not exist.
+
+    .. code-block:: python
+
+        total = counter.peak_bytes + training_state_bytes(model, opt)
+    """
+    params = [p for p in module.parameters()]
+    total = sum(tensor_bytes(p) for p in params) + sum(tensor_bytes(p.grad) for p in params if p.grad is not None)
+    total += sum(tensor_bytes(t) for t in (extra or []))
+    return total + (optimizer_state_bytes(optimizer) if optimizer is not None else 0)

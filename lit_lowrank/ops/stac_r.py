@@ -44,8 +44,8 @@ from lit_lowrank.ops.saved_tensors import NO_CODEC_ATTR
 __all__ = [
     "ActivationCode", "BridgeStats", "StacRLinearFunction", "compress_activation", "compressed_nbytes",
     "decompress_activation", "dequantize_residual", "factored_weight_grad", "gradient_bridge", "init_basis",
-    "TrackedSavedTensorCodec", "iso_byte_rank", "oja_update", "quantize_residual", "residual_count", "stac_r_linear",
-    "subspace_iteration",
+    "TrackedSavedTensorCodec", "iso_byte_rank", "oja_update", "quantize_residual", "random_projection",
+    "random_projection_rank", "residual_count", "stac_r_linear", "subspace_iteration",
 ]
 
 _DTYPE_BYTES = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2, torch.float64: 8}
@@ -160,8 +160,11 @@ def compress_activation(x: Tensor, basis: Tensor, density: float, bits: int = 8,
         raise ValueError(f"`basis` must be (d={x.shape[1]}, r), got shape {tuple(basis.shape)}.")
     xf = x.detach().float()
     coef = (xf @ basis.float()).to(coef_dtype)
-    residual = xf - coef.float() @ basis.float().T
-    values, indices, scale = quantize_residual(residual, density, bits)
+    if density == 0.0:  # no residual kept: skip the (N, d) reconstruction it would be taken from
+        values, indices, scale = quantize_residual(xf[:0], density, bits)
+    else:
+        residual = xf - coef.float() @ basis.float().T
+        values, indices, scale = quantize_residual(residual, density, bits)
     return ActivationCode(coef, basis, values, indices, scale, (x.shape[0], x.shape[1]))
 
 
@@ -202,6 +205,37 @@ def iso_byte_rank(n: int, d: int, rank: int, coef_dtype: torch.dtype = torch.bfl
     ``r'(n + d) ≤ r n`` → ``r' = ⌊r n / (n + d)⌋`` (at least 1).
     """
     return max(1, (rank * n) // (n + d))
+
+
+def random_projection(d: int, rank: int, seed: int, device: torch.device | str = "cpu") -> Tensor:
+    """A Gaussian projection ``P (d, rank)`` with i.i.d. ``N(0, 1/rank)`` entries (CompAct-style control).
+
+    ``E[P Pᵀ] = I``, so the weight gradient contracted from ``C = X P``, ``Gᵀ C Pᵀ``, is an
+    unbiased estimate of ``Gᵀ X``. ``P`` is a function of ``seed`` only (drawn on the CPU with
+    its own generator: the global RNG stream is untouched), so it costs no saved bytes: it
+    can be regenerated in backward from the seed.
+
+    .. code-block:: python
+
+        proj = random_projection(256, 16, seed=step)
+        code = compress_activation(x2d, proj, density=0.0)   # X ≈ (X P) Pᵀ in expectation
+    """
+    if not isinstance(rank, int) or not 1 <= rank <= d:
+        raise ValueError(f"`rank`={rank!r}, expected an integer in [1, d={d}] for a random projection.")
+    gen = torch.Generator(device="cpu").manual_seed(int(seed) % (2**63 - 1))
+    return (torch.randn(d, rank, generator=gen) / math.sqrt(rank)).to(device)
+
+
+def random_projection_rank(n: int, d: int, rank: int, density: float,
+                           coef_dtype: torch.dtype = torch.bfloat16) -> int:
+    """Width of a residual-free random-projection code at the bytes of a rank-``rank`` STAC-R code.
+
+    STAC-R stores ``n·rank`` coefficients plus the residual; the projection spends all of
+    those bytes on coefficients: ``r' = ⌊(bytes − 4) / (n · itemsize)⌋`` (at most ``d``, at least 1),
+    so its code is never larger than STAC-R's (the 4 bytes are the residual scale).
+    """
+    budget = compressed_nbytes(n, d, rank, density, coef_dtype) - 4
+    return max(1, min(d, budget // (n * _DTYPE_BYTES[coef_dtype])))
 
 
 # -- the gradient bridge --------------------------------------------------------------------------------------------

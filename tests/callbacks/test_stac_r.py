@@ -10,7 +10,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lit_lowrank.callbacks import STACR, STACRLinear, apply_stac_r
+from lit_lowrank.callbacks.stac_r import apply_checkpointing, galore_param_groups
 from lit_lowrank.core import apply_loss_hooks
+from lit_lowrank.ops.saved_tensors import SavedTensorCounter, optimizer_state_bytes
 
 
 class GeluUser(pl.LightningModule):
@@ -69,7 +71,7 @@ def test_plain_module_fit_predicts_and_reduces_memory():
 def test_controls_track_freeze_or_refit_the_basis():
     torch.manual_seed(0)
     bases = {}
-    for mode in ("tracked", "untracked", "svd"):
+    for mode in ("tracked", "untracked", "svd", "random"):
         module = GeluUser()
         callback = STACR(rank=4, residual_density=0.0, basis=mode, bridge_every=0)
         _fit(callback, module, steps=1)
@@ -81,6 +83,7 @@ def test_controls_track_freeze_or_refit_the_basis():
     assert not torch.equal(*bases["tracked"])
     assert torch.equal(*bases["untracked"])  # frozen after step 0
     assert bases["svd"] == (None, None)  # a per-step basis is an activation, never state
+    assert bases["random"] == (None, None)  # a per-step projection is regenerated from its seed, never state
 
 
 def test_resume_keeps_the_bases(tmp_path):
@@ -139,7 +142,7 @@ def test_errors_name_the_parameter():
     with pytest.raises(ValueError, match="target"):
         apply_stac_r(GeluUser(), target="nothing")
     with pytest.raises(ValueError, match="basis"):
-        apply_stac_r(GeluUser(), basis="random")
+        apply_stac_r(GeluUser(), basis="gaussian")
     with pytest.raises(ValueError, match="residual_density"):
         STACR(residual_density=2.0)
     with pytest.raises(ValueError, match="coef_dtype"):
@@ -155,3 +158,94 @@ def test_generic_hook_path_codes_other_saved_tensors():
     _fit(generic, GeluUser())
     assert generic.peak_saved_bytes < linear_only.peak_saved_bytes  # GELU's saved input is coded too
     assert generic.state_dict()["hook_bases"]  # its tracked bases are callback state as well
+
+
+def test_random_projection_control_matches_the_tracked_bytes_and_redraws():
+    torch.manual_seed(0)
+    x = torch.randn(128, 32, requires_grad=True)
+    layers = {mode: STACRLinear(nn.Linear(32, 16), rank=4, residual_density=0.05, basis_mode=mode)
+              for mode in ("tracked", "random")}
+    held, grads = {}, {}
+    for mode, layer in layers.items():
+        with SavedTensorCounter() as counter:
+            y = layer(x)
+            held[mode] = counter.current_bytes
+            y.square().sum().backward()
+        grads[mode] = layer.weight.grad.clone()
+        assert held[mode] == layer.code_nbytes(128)
+    assert held["tracked"] - 2 * 128 < held["random"] <= held["tracked"]
+    layer = layers["random"]
+    assert layer.stac_r_basis is None  # nothing persistent: a fresh projection each step
+    layer.weight.grad = None
+    layer(x).square().sum().backward()
+    assert not torch.equal(layer.weight.grad, grads["random"])
+    assert STACR(basis="random").surgery["basis"] == "random"
+
+
+class Blocks(nn.Module):
+    """Residual MLP blocks called with a keyword argument, like a transformer layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32)) for _ in range(4))
+        for block in self.layers:
+            block.forward = lambda h, scale, _b=block: nn.Sequential.forward(_b, h) * scale
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, x):
+        h = x
+        for block in self.layers:
+            h = h + block(h, scale=0.5)
+        return self.head(h)
+
+
+def test_checkpointing_gives_exact_gradients_and_less_saved_memory():
+    torch.manual_seed(0)
+    plain = Blocks()
+    ckpt = Blocks()
+    ckpt.load_state_dict(plain.state_dict())
+    assert apply_checkpointing(ckpt, r"layers\.\d+$") == [f"layers.{i}" for i in range(4)]
+    apply_checkpointing(ckpt, r"layers\.\d+$")  # idempotent
+    assert list(ckpt.state_dict()) == list(plain.state_dict())
+    x = torch.randn(256, 32, requires_grad=True)
+    peaks = {}
+    for name, model in (("plain", plain), ("ckpt", ckpt)):
+        with SavedTensorCounter() as counter:
+            model(x).square().mean().backward()
+        peaks[name] = counter.peak_bytes
+        assert counter.current_bytes == 0
+    for (n, p), q in zip(plain.named_parameters(), ckpt.parameters()):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-6, atol=1e-7), n
+    assert peaks["ckpt"] < peaks["plain"]
+    # an input needing no grad runs plainly (reentrant checkpointing would lose the parameter gradients)
+    ckpt.zero_grad()
+    ckpt(torch.randn(8, 32)).sum().backward()
+    assert ckpt.layers[0][0].weight.grad is not None
+
+
+def test_galore_composition_runs_a_step():
+    galore_torch = pytest.importorskip("galore_torch")
+    torch.manual_seed(0)
+    module = GeluUser()
+    apply_stac_r(module, target=["up", "down"], rank=4, residual_density=0.02)
+    groups = galore_param_groups(module, target=["up", "down"], rank=4, update_proj_gap=10)
+    assert len(groups[1]["params"]) == 2 and groups[1]["rank"] == 4
+    opt = galore_torch.GaLoreAdamW(groups, lr=1e-2, no_deprecation_warning=True)
+    x, y = next(iter(_loader()))
+    before = module.up.weight.detach().clone()
+    losses = []
+    for _ in range(3):
+        opt.zero_grad()
+        loss = F.cross_entropy(module(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert not torch.equal(before, module.up.weight) and losses[-1] < losses[0]
+    assert opt.state[module.up.weight]["exp_avg"].numel() == 4 * 64  # projected moment, not the (64, 32) weight
+    ref = GeluUser()
+    adam = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    F.cross_entropy(ref(x), y).backward()
+    adam.step()
+    assert optimizer_state_bytes(opt) < optimizer_state_bytes(adam)
+    with pytest.raises(ValueError, match="rank"):
+        galore_param_groups(module, target=["up"], rank=0)

@@ -15,11 +15,14 @@ from lit_lowrank.ops.stac_r import (
     compressed_nbytes,
     decompress_activation,
     dequantize_residual,
+    factored_weight_grad,
     gradient_bridge,
     init_basis,
     iso_byte_rank,
     oja_update,
     quantize_residual,
+    random_projection,
+    random_projection_rank,
     stac_r_linear,
     subspace_iteration,
 )
@@ -194,3 +197,38 @@ def test_generic_codec_codes_any_saved_tensor():
     assert sorted(codec.bases) == ["0:32", "1:16"]
     torch.testing.assert_close(cx, gx, rtol=1e-3, atol=1e-3)
     torch.testing.assert_close(cw, gw, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize(("n", "d", "r", "rho"), [(48, 20, 5, 0.1), (256, 64, 16, 0.01), (100, 30, 3, 0.0)])
+def test_random_projection_code_fits_the_iso_byte_budget(n, d, r, rho):
+    """The CompAct control's measured bytes: at most STAC-R's, and less than one more column below them."""
+    x = torch.randn(n, d, requires_grad=True)
+    weight = torch.nn.Parameter(torch.randn(7, d))
+    width = random_projection_rank(n, d, r, rho)
+    proj = random_projection(d, width, seed=3)
+    with SavedTensorCounter() as counter:
+        y = stac_r_linear(x, weight, None, proj, density=0.0)
+        held = counter.current_bytes
+        y.sum().backward()
+    stac_bytes = compressed_nbytes(n, d, r, rho)
+    assert held == compressed_nbytes(n, d, width, 0.0) == n * width * 2 + 4
+    assert stac_bytes - 2 * n < held <= stac_bytes
+    assert width >= r  # the residual's bytes buy extra columns
+
+
+def test_random_projection_gradient_is_unbiased_and_fresh_per_seed():
+    """E[P Pᵀ] = I: the factored gradient averaged over seeds approaches GᵀX; one draw is far from it."""
+    g = torch.Generator().manual_seed(0)
+    x, grad_out = torch.randn(40, 12, generator=g), torch.randn(40, 5, generator=g)
+    exact = grad_out.T @ x
+    estimates = []
+    for seed in range(600):
+        code = compress_activation(x, random_projection(12, 4, seed), density=0.0, coef_dtype=torch.float32)
+        estimates.append(factored_weight_grad(grad_out, code))
+    mean_err = float((torch.stack(estimates).mean(0) - exact).norm() / exact.norm())
+    one_err = float((estimates[0] - exact).norm() / exact.norm())
+    assert mean_err < 0.1 < one_err
+    assert not torch.equal(random_projection(12, 4, 0), random_projection(12, 4, 1))
+    assert torch.equal(random_projection(12, 4, 5), random_projection(12, 4, 5))
+    with pytest.raises(ValueError, match="rank"):
+        random_projection(12, 13, 0)
