@@ -1,6 +1,6 @@
 """Pure torch functions (no Lightning) that methods and task modules call."""
 
-from lit_lowrank.ops.camel import adapt_appraiser, basin_distance, camel_reward, ddim_sample
+from lit_lowrank.ops.camel import adapt_appraiser, basin_distance, camel_reward, classification_loss, ddim_sample
 from lit_lowrank.ops.castor import (
     bounded_beta,
     castor_hop,
@@ -98,7 +98,7 @@ __all__ += ["BitsBreakdown", "gptq_quantize", "hadamard_rotate", "pack_fields", 
             "unpack_fields", "angles_from_codebook", "codebook_from_angles", "finetune_codebook",
             "positive_orthant_kmeans", "sph_dequantize", "sph_quantize"]
 __all__ += ["group_advantages", "grpo_loss", "mean_log_prob", "negative_entropy", "self_certainty", "stable_rank"]
-__all__ += ["adapt_appraiser", "basin_distance", "camel_reward", "ddim_sample"]
+__all__ += ["adapt_appraiser", "basin_distance", "camel_reward", "classification_loss", "ddim_sample"]
 __all__ += [
     "CostAwareUpdateBandit", "UPDATE_ARMS", "greedy_tree_accept", "rank_bucket_targets", "rank_probabilities",
     "recursive_rejection_sample", "sampling_tree_accept", "tree_attention_mask", "tree_position_ids",

@@ -18,12 +18,15 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad
 
 #: ``denoise(x, t) -> model output`` for a batch ``x`` at integer timestep ``t``.
 Denoiser = Callable[[Tensor, int], Tensor]
 Params = dict[str, Tensor]
+#: ``loss_fn(appraiser, params, x) -> scalar``: the Appraiser's inner-loop loss with functional ``params``.
+LossFn = Callable[[nn.Module, Params, Tensor], Tensor]
 
 
 def ddim_sample(
@@ -89,6 +92,39 @@ def reconstruction_loss(appraiser: nn.Module, params: Params, x: Tensor) -> Tens
     return (recon - x).pow(2).mean()
 
 
+def classification_loss(target: int) -> LossFn:
+    """A ``loss_fn`` for classifying Appraisers: cross-entropy of ``appraiser(x)`` logits against class ``target``.
+
+    With :class:`~lit_lowrank.models.clip_appraiser.CLIPAppraiser` this is CLIP's zero-shot
+    classification loss — the image→text half of its contrastive loss, with the class prompts
+    as the candidate texts — of a concept's samples against its prompt class: L₀ is high when
+    CLIP does not recognise the samples as the class (unfamiliar), L_K low when a few steps of
+    its text-projection adapter make it recognise held-out samples (learnable).
+
+    Args:
+        target: the class index every sample of ``x`` is scored against.
+
+    Returns:
+        ``loss_fn(appraiser, params, x) -> mean cross-entropy`` for :func:`adapt_appraiser` / :func:`camel_reward`.
+
+    .. code-block:: python
+
+        loss_fn = classification_loss(target=3)
+        out = camel_reward(clip_appraiser, clip_appraiser.adapter_params(), feats_train, feats_heldout,
+                           steps=3, lr=1.0, loss_fn=loss_fn)
+    """
+    if target < 0:
+        raise ValueError(f"`target`={target}, expected a class index >= 0.")
+
+    def loss(appraiser: nn.Module, params: Params, x: Tensor) -> Tensor:
+        logits = functional_call(appraiser, params, (x,))
+        if target >= logits.shape[-1]:
+            raise ValueError(f"`target`={target} but the appraiser scores {logits.shape[-1]} classes.")
+        return F.cross_entropy(logits, torch.full((logits.shape[0],), target, dtype=torch.long, device=logits.device))
+
+    return loss
+
+
 def adapt_appraiser(
     appraiser: nn.Module,
     params: Params,
@@ -96,7 +132,7 @@ def adapt_appraiser(
     steps: int,
     lr: float,
     first_order: bool = False,
-    loss_fn: Callable[[nn.Module, Params, Tensor], Tensor] = reconstruction_loss,
+    loss_fn: LossFn = reconstruction_loss,
 ) -> Params:
     """The inner loop: ``steps`` SGD steps of ``loss_fn`` on ``x_train`` from ``params`` (φ₀ → φ_K).
 
@@ -105,6 +141,10 @@ def adapt_appraiser(
     First order: the inner gradients are detached, so φ_K depends on ``x_train`` only as a
     constant shift (the first-order MAML approximation; the outer gradient then flows only
     through the held-out evaluation).
+
+    ``params`` may be any subset of the appraiser's parameters (``functional_call`` is not
+    strict): only those are adapted, the rest stay the module's own tensors — e.g. a CLIP
+    Appraiser adapts only its text-projection adapter (``CLIPAppraiser.adapter_params()``).
 
     .. code-block:: python
 
@@ -130,7 +170,7 @@ def camel_reward(
     steps: int,
     lr: float,
     first_order: bool = False,
-    loss_fn: Callable[[nn.Module, Params, Tensor], Tensor] = reconstruction_loss,
+    loss_fn: LossFn = reconstruction_loss,
 ) -> dict[str, Tensor]:
     """CAMEL's reward R = L(φ₀; X') − L(φ_K; X') with φ_K adapted on ``x_train``.
 

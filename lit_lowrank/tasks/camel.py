@@ -4,8 +4,9 @@ The Creator is a class-conditional :class:`~lit_lowrank.tasks.diffusion.Diffusio
 whose UNet has a ``class_embedding`` table; a created concept is a new row z of that table
 (initialised at a prompt class's embedding e_c and optimised). Samples X_z come from
 deterministic DDIM with fixed noise (:func:`lit_lowrank.ops.camel.ddim_sample`), so they are
-differentiable in z. The Appraiser (an autoencoder φ₀ for MNIST-like data) is adapted for K
-inner SGD steps on X_z from φ₀ at every outer step, and the Creator ascends
+differentiable in z. The Appraiser (an autoencoder φ₀ for MNIST-like data, or for natural
+images a frozen CLIP whose text-projection LoRA adapter is φ) is adapted for K inner SGD
+steps on X_z from φ₀ at every outer step, and the Creator ascends
 R(z) = L(φ₀; X'_z) − L(φ_K; X'_z) on held-out seeds (:func:`lit_lowrank.ops.camel.camel_reward`).
 """
 
@@ -24,11 +25,13 @@ from torch.func import functional_call
 from lit_lowrank.core.logging import log_method
 from lit_lowrank.core.loss_hooks import apply_loss_hooks
 from lit_lowrank.models.autoencoder import MLPAutoencoder
-from lit_lowrank.ops.camel import camel_reward, ddim_sample
+from lit_lowrank.models.clip_appraiser import CLIPAppraiser
+from lit_lowrank.ops.camel import camel_reward, classification_loss, ddim_sample, reconstruction_loss
 from lit_lowrank.tasks.base import TaskModule
 from lit_lowrank.tasks.diffusion import DiffusionModule
 
 OBJECTIVES = ("camel", "novelty", "familiarity")
+APPRAISERS = ("autoencoder", "clip")
 
 
 class CAMELModule(TaskModule):
@@ -52,8 +55,16 @@ class CAMELModule(TaskModule):
         creator: a class-conditional DiffusionModule (default: ``unet_config`` + ``num_classes``).
         creator_checkpoint: a DiffusionModule checkpoint to load into the Creator.
         unet_config / num_classes: the default Creator's UNet and number of classes.
-        appraiser: an ``nn.Module`` mapping images to reconstructions (default: :class:`MLPAutoencoder`).
-        appraiser_hidden_sizes / appraiser_latent_dim: the default Appraiser.
+        appraiser: ``"autoencoder"`` (default: an :class:`MLPAutoencoder`, reconstruction loss, all its
+            parameters adapted), ``"clip"`` (a :class:`CLIPAppraiser` loaded from ``clip_path``), a
+            :class:`CLIPAppraiser` instance, or any ``nn.Module`` mapping images to reconstructions.
+        appraiser_hidden_sizes / appraiser_latent_dim: the default autoencoder Appraiser.
+        clip_path: local transformers CLIP directory for ``appraiser="clip"``.
+        clip_class_names: one name per Creator class for the prompts (required with ``appraiser="clip"``).
+        clip_prompt_template: prompt per class, ``template.format(name)``.
+        clip_rank / clip_alpha: LoRA rank and α of the text-projection adapter.
+        clip_data_mean / clip_data_std: per-channel statistics the data (and so the Creator's samples)
+            are normalised with, undone before CLIP's own preprocessing (default: data in [-1, 1]).
         concept_classes: prompt class of each concept (default: every class).
         objective: ``"camel"``, ``"novelty"`` or ``"familiarity"``.
         inner_steps / inner_lr: K and the SGD step of the Appraiser's inner loop.
@@ -77,9 +88,16 @@ class CAMELModule(TaskModule):
         creator_checkpoint: str | None = None,
         unet_config: dict[str, Any] | None = None,
         num_classes: int = 10,
-        appraiser: nn.Module | None = None,
+        appraiser: nn.Module | str | None = None,
         appraiser_hidden_sizes: tuple[int, ...] = (64,),
         appraiser_latent_dim: int = 8,
+        clip_path: str | None = None,
+        clip_class_names: list[str] | None = None,
+        clip_prompt_template: str = "a photo of a {}.",
+        clip_rank: int = 4,
+        clip_alpha: float = 8.0,
+        clip_data_mean: list[float] | None = None,
+        clip_data_std: list[float] | None = None,
         concept_classes: list[int] | None = None,
         objective: Literal["camel", "novelty", "familiarity"] = "camel",
         inner_steps: int = 3,
@@ -99,6 +117,8 @@ class CAMELModule(TaskModule):
     ) -> None:
         super().__init__(optimizer, lr_scheduler, lr_scheduler_interval)
         self.save_hyperparameters(ignore=["creator", "appraiser", "optimizer", "lr_scheduler"])
+        if isinstance(appraiser, str):  # a named Appraiser is rebuilt by load_from_checkpoint; a module is not saved
+            self.hparams["appraiser"] = appraiser
         if objective not in OBJECTIVES:
             raise ValueError(f"`objective`={objective!r}, expected one of {OBJECTIVES}.")
         for name, value, low in (("inner_steps", inner_steps, 0), ("num_train_seeds", num_train_seeds, 1),
@@ -122,8 +142,26 @@ class CAMELModule(TaskModule):
         self.creator = creator
         self.num_classes = table.num_embeddings
         image_shape = creator._sample_shape()
-        self.appraiser = appraiser if appraiser is not None else MLPAutoencoder(
-            image_shape, appraiser_hidden_sizes, appraiser_latent_dim)
+        if isinstance(appraiser, str) and appraiser not in APPRAISERS:
+            raise ValueError(f"`appraiser`={appraiser!r}, expected one of {APPRAISERS} or an nn.Module.")
+        if appraiser == "clip":
+            if clip_path is None:
+                raise ValueError("`appraiser`='clip' needs `clip_path` (a local transformers CLIP directory); got None.")
+            if clip_class_names is None or len(clip_class_names) != self.num_classes:
+                raise ValueError(f"`clip_class_names`={clip_class_names}: expected one name per Creator class "
+                                 f"({self.num_classes}) with `appraiser`='clip'.")
+            stats = {k: tuple(v) for k, v in (("data_mean", clip_data_mean), ("data_std", clip_data_std))
+                     if v is not None}
+            appraiser = CLIPAppraiser.from_pretrained(clip_path, clip_class_names, clip_prompt_template,
+                                                      rank=clip_rank, alpha=clip_alpha, **stats)
+        elif appraiser is None or appraiser == "autoencoder":
+            appraiser = MLPAutoencoder(image_shape, appraiser_hidden_sizes, appraiser_latent_dim)
+        self.appraiser = appraiser
+        #: "clip": frozen pretrained CLIP whose LoRA adapter is φ; otherwise a reconstruction Appraiser (all of φ).
+        self.appraiser_kind = "clip" if isinstance(appraiser, CLIPAppraiser) else "autoencoder"
+        if self.appraiser_kind == "clip" and appraiser.num_prompts != self.num_classes:
+            raise ValueError(f"The CLIP appraiser has {appraiser.num_prompts} class prompts, expected one per Creator "
+                             f"class ({self.num_classes}).")
         classes = list(range(self.num_classes)) if concept_classes is None else [int(c) for c in concept_classes]
         if not classes or any(not 0 <= c < self.num_classes for c in classes):
             raise ValueError(f"`concept_classes`={concept_classes}, expected a non-empty list in [0, {self.num_classes}).")
@@ -178,14 +216,31 @@ class CAMELModule(TaskModule):
 
     # -- Appraiser -------------------------------------------------------------------
     def objective_terms(self, concepts: Tensor, train_noise: Tensor, heldout_noise: Tensor,
-                        first_order: bool | None = None) -> dict[str, Tensor]:
-        """Per-concept ``reward``, ``l0``, ``lk`` ``(M,)`` plus the samples ``x_heldout`` ``(M, n, C, H, W)``."""
+                        first_order: bool | None = None, classes: Tensor | None = None) -> dict[str, Tensor]:
+        """Per-concept ``reward``, ``l0``, ``lk`` ``(M,)`` plus the samples ``x_heldout`` ``(M, n, C, H, W)``.
+
+        ``classes`` ``(M,)``: each concept's prompt class, the CLIP Appraiser's target
+        (default ``concept_classes``; unused by reconstruction Appraisers).
+        """
         first_order = self.hparams.first_order if first_order is None else first_order
         samples = self.generate(concepts, torch.cat([train_noise, heldout_noise]))
-        x_train, x_heldout = samples[:, : train_noise.shape[0]], samples[:, train_noise.shape[0]:]
-        phi0 = {k: v.detach() for k, v in self.appraiser.named_parameters()}
-        terms = [camel_reward(self.appraiser, phi0, x_train[i], x_heldout[i], self.hparams.inner_steps,
-                              self.hparams.inner_lr, first_order) for i in range(concepts.shape[0])]
+        n_train = train_noise.shape[0]
+        x_heldout = samples[:, n_train:]
+        if self.appraiser_kind == "clip":
+            classes = self.concept_classes if classes is None else classes
+            if classes.shape[0] != concepts.shape[0]:
+                raise ValueError(f"`classes` has {classes.shape[0]} entries for {concepts.shape[0]} concepts.")
+            # The image tower is frozen: embed every sample once (differentiable in the samples) and adapt
+            # only the text-projection adapter on the embeddings, instead of re-running the tower K times.
+            inputs = self.appraiser.embed_images(samples.flatten(0, 1)).view(*samples.shape[:2], -1)
+            phi0 = {k: v.detach() for k, v in self.appraiser.adapter_params().items()}
+            loss_fns = [classification_loss(int(c)) for c in classes]
+        else:
+            inputs = samples
+            phi0 = {k: v.detach() for k, v in self.appraiser.named_parameters()}
+            loss_fns = [reconstruction_loss] * concepts.shape[0]
+        terms = [camel_reward(self.appraiser, phi0, inputs[i, :n_train], inputs[i, n_train:], self.hparams.inner_steps,
+                              self.hparams.inner_lr, first_order, loss_fns[i]) for i in range(concepts.shape[0])]
         out = {k: torch.stack([t[k] for t in terms]) for k in ("reward", "l0", "lk")}
         out["x_heldout"] = x_heldout
         return out
@@ -221,7 +276,9 @@ class CAMELModule(TaskModule):
 
     # -- Lightning -------------------------------------------------------------------
     def configure_optimizers(self) -> Any:
-        others = [p for n, p in self.named_parameters() if n != "concepts"]
+        # A CLIP Appraiser is pretrained and frozen (its adapter is only ever adapted functionally).
+        skip = ("concepts",) if self.appraiser_kind == "autoencoder" else ("concepts", "appraiser.")
+        others = [p for n, p in self.named_parameters() if not n.startswith(skip)]
         groups = [{"params": [self.concepts], "lr": self.hparams.concept_lr, "weight_decay": 0.0}]
         # The Creator/Appraiser group exists iff there is a warm-up, so resumed runs see the same groups.
         if others and self.hparams.warmup_steps > 0:
@@ -235,7 +292,10 @@ class CAMELModule(TaskModule):
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         if self.global_step < self.hparams.warmup_steps and not bool(self.initialised):
             creator_loss = self.creator.step(batch)["loss"]
-            appraiser_loss = F.mse_loss(self.appraiser(batch["x"]), batch["x"])
+            if self.appraiser_kind == "autoencoder":
+                appraiser_loss = F.mse_loss(self.appraiser(batch["x"]), batch["x"])
+            else:  # pretrained CLIP: only the Creator warms up
+                appraiser_loss = creator_loss.new_zeros(())
             loss = apply_loss_hooks(self, batch, {"category": batch.get("category")}, creator_loss + appraiser_loss)
             self.log_split("train", {"loss": loss, "creator_loss": creator_loss, "appraiser_loss": appraiser_loss},
                            batch_size=batch["x"].shape[0])

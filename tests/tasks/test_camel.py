@@ -104,3 +104,63 @@ def test_mnist_datamodule_reads_a_local_torchvision_root_and_names_a_missing_one
     batch = next(iter(dm.train_dataloader()))
     assert batch["x"].shape == (8, 1, 28, 28) and 0 <= batch["x"].min() and batch["x"].max() <= 1
     assert len(dm.train_set) + len(dm.val_set) + len(dm.test_set) == 60
+
+
+def _clip_module(**kwargs):
+    from lit_lowrank.models.clip_appraiser import CLIPAppraiser
+    from tests.models.test_clip_appraiser import _prompts, _tiny_clip
+
+    appraiser = CLIPAppraiser(_tiny_clip(), _prompts(10), rank=2, alpha=4.0)
+    return _module(appraiser=appraiser, **kwargs)
+
+
+def test_clip_appraiser_adapts_only_its_adapter_and_passes_gradient_to_the_concepts():
+    model = _clip_module()
+    assert model.appraiser_kind == "clip"
+    model.start_concepts()
+    before = {k: v.clone() for k, v in model.appraiser.state_dict().items()}
+    terms = model.objective_terms(model.concepts, model.train_noise, model.heldout_noise)
+    assert terms["reward"].shape == (2,) and torch.isfinite(terms["reward"]).all()
+    model.outer_loss(terms).backward()
+    assert model.concepts.grad is not None and torch.isfinite(model.concepts.grad).all()
+    assert model.concepts.grad.abs().sum() > 0
+    assert all(p.grad is None for p in model.appraiser.parameters())
+    assert all(torch.equal(v, before[k]) for k, v in model.appraiser.state_dict().items())
+    # the frozen pretrained CLIP never joins the optimizer (its adapter is only adapted functionally)
+    groups = model.configure_optimizers().param_groups
+    appraiser_ids = {id(p) for p in model.appraiser.parameters()}
+    assert not any(id(p) in appraiser_ids for g in groups for p in g["params"])
+
+
+def test_clip_appraiser_fits_through_the_warm_up_and_concept_phases():
+    from lit_lowrank.datamodules import DigitsDataModule
+
+    model = _clip_module(warmup_steps=1, concept_lr=0.5)
+    trainer = pl.Trainer(max_steps=2, limit_val_batches=0, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(model, datamodule=DigitsDataModule(batch_size=16))
+    assert bool(model.initialised)
+    assert not torch.equal(model.concepts, model.anchors)
+
+
+def test_clip_appraiser_by_name_needs_a_local_clip_path(tmp_path):
+    from tests.models.test_clip_appraiser import _save_tiny_clip
+
+    names = [str(i) for i in range(10)]
+    with pytest.raises(ValueError, match="clip_path"):
+        _module(appraiser="clip", clip_class_names=names)
+    with pytest.raises(FileNotFoundError, match="clip_path"):
+        _module(appraiser="clip", clip_path=str(tmp_path / "absent"), clip_class_names=names)
+    with pytest.raises(ValueError, match="clip_class_names"):
+        _module(appraiser="clip", clip_path=str(tmp_path), clip_class_names=["cat", "dog"])
+    with pytest.raises(ValueError, match="appraiser"):
+        _module(appraiser="vae")
+    _save_tiny_clip(tmp_path)
+    model = _module(appraiser="clip", clip_path=str(tmp_path), clip_class_names=["cat"] * 5 + ["dog"] * 5,
+                    clip_prompt_template="a photo of {} .", clip_rank=2)
+    assert model.appraiser_kind == "clip" and model.hparams["appraiser"] == "clip"
+    assert len(model.appraiser.adapter_params()) == 2
+    # what load_from_checkpoint does: rebuild from the saved hyperparameters, then load the state strictly
+    rebuilt = CAMELModule(**model.hparams)
+    rebuilt.load_state_dict(model.state_dict())
+    assert rebuilt.appraiser_kind == "clip"
