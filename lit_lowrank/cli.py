@@ -32,7 +32,7 @@ def _import_components() -> None:
     # submodules explicitly: jsonargparse resolves short names among *imported* subclasses
     for name in ("callbacks", "tasks", "datamodules.images", "datamodules.text", "datamodules.graphs",
                  "datamodules.domain_shift", "quant",
-                 "datamodules.prompts", "datamodules.mnist"):
+                 "datamodules.prompts", "datamodules.homodyne", "datamodules.mnist"):
         importlib.import_module(f"lit_lowrank.{name}")
 
 

@@ -144,7 +144,11 @@ register_method(MethodSpec(
     component="lit_lowrank.decoding.SpecBlockDrafter", config="configs/language_model/specblock_smollm2.yaml",
     baseline_config="configs/language_model/specblock_eagle_smollm2.yaml", benchmark="specblock",
 ))
-_planned("nn_qst", "Neural-network quantum state tomography, max-sliced W1", "engine", ("tomography",), 19)
+register_method(MethodSpec(
+    "nn_qst", "Neural-network quantum state tomography, max-sliced W1", "engine", ("tomography",), 19,
+    component="lit_lowrank.tasks.TomographyModule", config="configs/tomography/nn_qst_two_mode_cat.yaml",
+    baseline_config="configs/tomography/nn_nll_two_mode_cat.yaml", benchmark="tomography",
+))
 _planned("fed_lowshot", "Federated low-shot intrusion detection with a prior bank", "engine", ("fewshot",), 20)
 register_method(MethodSpec(
     "castor", "Castor self-tuning graph filter with routing and momentum", "op", ("graph",), 16,

@@ -37,6 +37,7 @@ _EXPORTS = {
     "DIGIT_SUPERCLASSES": "images",
     "CIFARDataModule": "images",
     "DigitsDataModule": "images",
+    "HomodyneDataModule": "homodyne",
     "ImageFolderDataModule": "images",
     "MNISTDataModule": "mnist",
     "PackedTextDataModule": "text",
@@ -48,6 +49,7 @@ _EXPORTS = {
     "get_tokenizer": "tokenizers",
 }
 __all__ = [
+    "HomodyneDataModule",
     "MNISTDataModule",
     "ShiftedDigitsDataModule",
     "DomainFolderDataModule",

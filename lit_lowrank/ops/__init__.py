@@ -11,6 +11,8 @@ from lit_lowrank.ops.castor import (
 from lit_lowrank.ops.grad_cosine import GradientCosine, gradient_cosine
 from lit_lowrank.ops.graph_propagation import as_edge_index, local_homophily, normalized_adjacency
 from lit_lowrank.ops.grpo import group_advantages, grpo_loss
+from lit_lowrank.ops.homodyne import fidelity_pure, hermite_functions, purity, sample_homodyne
+from lit_lowrank.ops.imle import bin_homodyne, imle_reconstruct
 from lit_lowrank.ops.packing import block_causal_mask, cu_seqlens_from_doc_ids, position_ids_from_doc_ids
 from lit_lowrank.ops.quantization import (
     BitsBreakdown,
@@ -43,6 +45,7 @@ from lit_lowrank.ops.sara import (
 from lit_lowrank.ops.saved_surface import SurfaceReport, saved_surface
 from lit_lowrank.ops.saved_tensors import SavedTensorCounter, measure_saved_bytes
 from lit_lowrank.ops.sequence_signals import mean_log_prob, negative_entropy, self_certainty
+from lit_lowrank.ops.sliced_wasserstein import sliced_wasserstein_1, wasserstein_1d
 from lit_lowrank.ops.specdrop import (
     diagonal_dominance,
     grouped_sensitivity,
@@ -104,3 +107,5 @@ __all__ += [
     "recursive_rejection_sample", "sampling_tree_accept", "tree_attention_mask", "tree_position_ids",
     "valid_prefix_mask",
 ]
+__all__ += ["bin_homodyne", "fidelity_pure", "hermite_functions", "imle_reconstruct", "purity", "sample_homodyne",
+            "sliced_wasserstein_1", "wasserstein_1d"]

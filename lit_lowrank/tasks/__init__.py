@@ -7,8 +7,9 @@ from lit_lowrank.tasks.diffusion import DiffusionModule
 from lit_lowrank.tasks.graph import NodeClassificationModule, build_graph_model
 from lit_lowrank.tasks.grpo import GRPOModule
 from lit_lowrank.tasks.language_model import CausalLMModule, block_causal_attention_mask
+from lit_lowrank.tasks.tomography import TomographyModule
 
 __all__ = [
     "TaskModule", "ClassificationModule", "CausalLMModule", "NodeClassificationModule", "DiffusionModule",
-    "build_graph_model", "block_causal_attention_mask", "GRPOModule", "CAMELModule",
+    "build_graph_model", "block_causal_attention_mask", "GRPOModule", "TomographyModule", "CAMELModule",
 ]

@@ -1,0 +1,50 @@
+"""FockWavefunction: an overparameterised MLP from Fock indices to complex amplitudes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+
+class FockWavefunction(nn.Module):
+    """``ψ(n₁[, n₂]) = MLP(onehot(n₁) ⊕ onehot(n₂)) → (Re, Im)``, normalised over the basis.
+
+    The network has far more parameters than the ``2 ∏ N_m`` real numbers of the state
+    (overparameterised), and the state it represents is pure (rank-1, ``ρ = ψψ†``): the
+    factored (Burer–Monteiro) parameterisation of METHODS.md §4.
+
+    Args:
+        cutoffs: per-mode Fock cutoffs ``(N₁[, N₂])``.
+        hidden_size: width of the hidden layers.
+        num_layers: number of hidden layers (``>= 1``).
+
+    .. code-block:: python
+
+        psi = FockWavefunction((8, 8))()  # (8, 8) complex, unit norm
+    """
+
+    def __init__(self, cutoffs: Sequence[int], hidden_size: int = 128, num_layers: int = 2) -> None:
+        super().__init__()
+        if not 1 <= len(cutoffs) <= 2 or min(cutoffs) < 1:
+            raise ValueError(f"`cutoffs`={tuple(cutoffs)}, expected one or two positive cutoffs.")
+        if num_layers < 1:
+            raise ValueError(f"`num_layers`={num_layers}, expected >= 1.")
+        self.cutoffs = tuple(int(n) for n in cutoffs)
+        grids = torch.meshgrid(*[torch.arange(n) for n in self.cutoffs], indexing="ij")
+        onehots = [nn.functional.one_hot(g.reshape(-1), n).float() for g, n in zip(grids, self.cutoffs)]
+        self.register_buffer("inputs", torch.cat(onehots, dim=-1), persistent=False)  # (D, ΣN)
+        layers: list[nn.Module] = []
+        width = self.inputs.shape[1]
+        for _ in range(num_layers):
+            layers += [nn.Linear(width, hidden_size), nn.Tanh()]
+            width = hidden_size
+        layers.append(nn.Linear(width, 2))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self) -> Tensor:
+        """The normalised amplitudes ``(N₁[, N₂])`` complex64."""
+        out = self.net(self.inputs)
+        psi = torch.complex(out[:, 0], out[:, 1])
+        return (psi / torch.linalg.vector_norm(psi)).reshape(self.cutoffs)

@@ -1,0 +1,95 @@
+"""TomographyModule + HomodyneDataModule (tasks/tomography.py, datamodules/homodyne.py)."""
+
+from __future__ import annotations
+
+import math
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+
+from lit_lowrank.datamodules.homodyne import HomodyneDataModule, load_records
+from lit_lowrank.tasks import TomographyModule
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # these are many tiny ops: on a loaded 2-core machine one thread is ~20x faster than two
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+
+def _fit(module: TomographyModule, batch: dict, steps: int, lr: float = 2e-2) -> None:
+    opt = torch.optim.Adam(module.parameters(), lr=lr)
+    for _ in range(steps):
+        opt.zero_grad()
+        module.step(batch)["loss"].backward()
+        opt.step()
+
+
+def test_datamodule_batch_shapes_and_seed():
+    dm = HomodyneDataModule("two_mode_cat", num_phases=3, shots=900, efficiency=0.9, phase_drift=0.05, seed=3)
+    dm.setup()
+    b = dm.batch
+    assert b["theta"].shape == (9, 2) and b["x"].shape == (9, 100, 2) and b["mask"].all()
+    assert b["true_state"].shape == (16, 16)
+    again = HomodyneDataModule("two_mode_cat", num_phases=3, shots=900, efficiency=0.9, phase_drift=0.05, seed=3)
+    again.setup()
+    torch.testing.assert_close(again.batch["x"], b["x"])
+    with pytest.raises(ValueError, match="state"):
+        HomodyneDataModule("fock_cat")
+
+
+def test_records_file_round_trip(tmp_path):
+    rows = np.array([[0.0, 0.5, 0.1, -0.2], [0.0, 0.5, 0.3, 0.4], [1.0, 0.0, -1.0, 2.0]])
+    path = tmp_path / "records.csv"
+    np.savetxt(path, rows, delimiter=",")
+    batch = load_records(path)
+    assert batch["theta"].tolist() == [[0.0, 0.5], [1.0, 0.0]]
+    assert batch["mask"].tolist() == [[True, True], [True, False]]
+    assert batch["x"][1, 0].tolist() == [-1.0, 2.0]
+    with pytest.raises(FileNotFoundError, match="missing.csv"):
+        load_records(tmp_path / "missing.csv")
+
+
+@pytest.mark.parametrize("loss", ["msw1", "sw1", "nll"])
+def test_fit_raises_fidelity_on_a_coherent_state(loss):
+    dm = HomodyneDataModule("coherent", alpha=1.2, num_phases=4, shots=4000, seed=0)
+    dm.setup()
+    torch.manual_seed(0)
+    module = TomographyModule(num_modes=1, cutoff=8, loss=loss, hidden_size=32)
+    before = float(module._metrics(module.step(dm.batch), dm.batch)["fidelity"])
+    _fit(module, dm.batch, 120)
+    after = float(module._metrics(module.step(dm.batch), dm.batch)["fidelity"])
+    assert after > 0.95 and after > before + 0.2
+
+
+def test_losses_are_differentiable_and_slices_shaped():
+    dm = HomodyneDataModule("two_mode_cat", num_phases=2, shots=400, seed=1)
+    dm.setup()
+    module = TomographyModule(num_modes=2, cutoff=6, num_directions=5, grid_size=32)
+    out = module.step(dm.batch)
+    assert out["slice_w1"].shape == (4, 5) and out["state"].shape == (6, 6)
+    assert float(out["loss"].detach()) == pytest.approx(float(out["slice_w1"].max()))
+    out["loss"].backward()
+    assert all(p.grad is not None for p in module.parameters())
+    with pytest.raises(ValueError, match="num_modes=1"):
+        TomographyModule(num_modes=1).step(dm.batch)
+    with pytest.raises(ValueError, match="loss"):
+        TomographyModule(loss="kl")
+
+
+def test_trainer_fit_logs_fidelity_and_method_keys(tmp_path):
+    dm = HomodyneDataModule("two_mode_cat", num_phases=2, shots=400, seed=1)
+    module = TomographyModule(num_modes=2, cutoff=6, grid_size=32)
+    trainer = pl.Trainer(max_epochs=2, default_root_dir=tmp_path, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, datamodule=dm)
+    metrics = trainer.callback_metrics
+    for key in ("train/loss", "train/fidelity", "val/fidelity", "train/reduced_purity",
+                "method/nn_qst/max_slice_w1", "method/nn_qst/mean_slice_w1"):
+        assert key in metrics and math.isfinite(float(metrics[key])), key
