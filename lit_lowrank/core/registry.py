@@ -178,7 +178,11 @@ register_method(MethodSpec(
     component="lit_lowrank.ops.stable_rank.stable_rank", config="configs/language_model/sr_grpo_arithmetic.yaml",
     baseline_config="configs/language_model/grpo_verifiable_arithmetic.yaml", benchmark="stable_rank",
 ))
-_planned("spirit", "SPIRIT online layer-skipping self-speculative decoding", "engine", ("language_model",), 10)
+register_method(MethodSpec(
+    "spirit", "SPIRIT online layer-skipping self-speculative decoding", "engine", ("language_model",), 10,
+    component="lit_lowrank.decoding.SpiritDrafter", config="configs/language_model/spirit_layerdrop_lee.yaml",
+    baseline_config="configs/language_model/spirit_plain_lee.yaml", benchmark="spirit",
+))
 register_method(MethodSpec(
     "sphquant", "SPHQuant spherical weight-only quantization", "engine", ("language_model",), 12,
     component="lit_lowrank.quant.SPHQuantizer", config="configs/language_model/sphquant_tiny_llama.yaml",

@@ -1,0 +1,440 @@
+"""SPIRIT: speed-driven online layer-skipping for self-speculative decoding, and its baselines.
+
+The draft is the target itself with some attention / MLP sublayers of layers ``1..L-2``
+left out (:func:`skip_sublayers`; no weight copy). It drafts a chain on the *verifier's own*
+KV cache (the committed prefix's keys/values are exact, no draft prefill) and crops the
+cache back to the prefix afterwards, so the verifier of
+:class:`~lit_lowrank.decoding.SpeculativeDecoder` sees its cache untouched: the output is
+the target's own (greedy: identical to plain decoding; sampling: the target's distribution).
+
+* :class:`LayerSkipDrafter` — a fixed pattern (the fixed-ratio baseline with a random pattern).
+* :class:`AgreementSearchDrafter` — SWIFT-style: a fixed ratio, the pattern searched by
+  matchness only (the agreement-only baseline).
+* :class:`SpiritDrafter` — stage 1 picks the skip ratio by realised, length-normalised speed
+  over decode windows (successive halving); stage 2 refines the pattern at that ratio by
+  matchness; an EWMA of the normalised speed detects a task shift and re-enters stage 1,
+  warm-started from the nearest stored profile. ``history`` logs every window (ratio,
+  pattern, speed, acceptance, phase) and ``events`` the adaptation events.
+
+.. code-block:: python
+
+    from lit_lowrank.decoding import SpeculativeDecoder, SpiritDrafter, TargetLM, calibrate_length_profile
+
+    target = TargetLM(model)
+    drafter = SpiritDrafter(num_layers=model.config.num_hidden_layers, profile=calibrate_length_profile(target))
+    engine = SpeculativeDecoder(target, drafter, budget=8)
+    for prompt in stream:
+        out, stats = engine.generate(prompt, max_new_tokens=64)
+    print(drafter.events, drafter.history[-1])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lit_lowrank.decoding.engine import Drafter, DraftRequest, DraftTree, RoundFeedback, TargetLM, skip_decoder_layers
+from lit_lowrank.ops.spirit import (
+    LengthProfile,
+    ProfileStore,
+    RatioSearch,
+    ShiftDetector,
+    SkipPattern,
+    matchness,
+    mutate_pattern,
+    random_pattern,
+    skippable_sublayers,
+    token_signature,
+)
+
+
+class _SkippedAttention(nn.Module):
+    """Stands in for a skipped attention sublayer: adds nothing to the residual stream, no KV write."""
+
+    def forward(self, hidden_states: Tensor, *args: Any, **kwargs: Any) -> tuple[Tensor, None]:
+        return torch.zeros_like(hidden_states), None
+
+
+class _SkippedMLP(nn.Module):
+    """Stands in for a skipped MLP sublayer: adds nothing to the residual stream."""
+
+    def forward(self, hidden_states: Tensor) -> Tensor:
+        return torch.zeros_like(hidden_states)
+
+
+@contextlib.contextmanager
+def skip_sublayers(model: nn.Module, pattern: SkipPattern | None) -> Iterator[None]:
+    """Run ``model`` with the sublayers of ``pattern`` left out (restored on exit).
+
+    A layer with both sublayers skipped is dropped whole (:func:`skip_decoder_layers`); a
+    single skipped sublayer is swapped for a module that adds zero to the residual stream
+    (pre-norm decoders: ``h + attn(norm(h))`` becomes ``h``). Layers keep their ``layer_idx``,
+    so the KV cache layout is the full model's. Needs decoder layers with ``self_attn`` and
+    ``mlp`` (Llama, Mistral, Qwen, SmolLM, ...).
+
+    .. code-block:: python
+
+        with skip_sublayers(model, SkipPattern(attn=frozenset({2, 3}), mlp=frozenset({3}))):
+            logits = model(input_ids).logits
+    """
+    if pattern is None or pattern.size == 0:
+        yield
+        return
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    layers = getattr(decoder, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise ValueError(f"skip_sublayers: {type(model).__name__} has no decoder `layers` ModuleList.")
+    bad = sorted(i for i in pattern.attn | pattern.mlp if not 0 <= i < len(layers))
+    if bad:
+        raise ValueError(f"skip_sublayers: layer indices {bad} outside 0..{len(layers) - 1}.")
+    swaps: list[tuple[nn.Module, str, nn.Module]] = []
+    for ids, name, stub in ((pattern.attn - pattern.mlp, "self_attn", _SkippedAttention),
+                            (pattern.mlp - pattern.attn, "mlp", _SkippedMLP)):
+        for i in sorted(ids):
+            if not hasattr(layers[i], name):
+                raise ValueError(f"skip_sublayers: layer {i} ({type(layers[i]).__name__}) has no `{name}` sublayer.")
+            swaps.append((layers[i], name, getattr(layers[i], name)))
+            setattr(layers[i], name, stub())
+    try:
+        with skip_decoder_layers(model, set(pattern.whole_layers)):
+            yield
+    finally:
+        for layer, name, original in swaps:
+            setattr(layer, name, original)
+
+
+def _crop(cache: Any, length: int) -> None:
+    """Drop everything after ``length`` tokens in every layer (skipped layers may already be shorter)."""
+    for layer in cache.layers:
+        if getattr(layer, "keys", None) is not None and layer.keys.dim() == 4 and layer.keys.shape[-2] > length:
+            layer.keys = layer.keys[..., :length, :]
+            layer.values = layer.values[..., :length, :]
+
+
+def _prefix_view(cache: Any, length: int) -> Any:
+    """A cache holding the first ``length`` tokens of ``cache`` (views; ``cache`` itself is not changed)."""
+    view = copy.copy(cache)
+    view.layers = [copy.copy(layer) for layer in cache.layers]
+    _crop(view, length)
+    return view
+
+
+@torch.no_grad()
+def pattern_matchness(target: TargetLM, tokens: Tensor, pattern: SkipPattern, window: int = 32) -> float | None:
+    """SWIFT's matchness of ``pattern`` on the last ``window`` committed tokens (one parallel draft forward).
+
+    Runs the layer-skipped draft over ``tokens[s:-1]`` on a prefix view of the verifier's cache
+    (the verifier's cache is not changed) and compares its argmax with the tokens that
+    actually followed. ``None`` when fewer than 2 committed tokens.
+    """
+    if target.cache is None:
+        raise RuntimeError("pattern_matchness: the target has no cache (prefill a prompt first).")
+    end = target.length  # tokens[:end] are in the cache; tokens[end] is the root
+    if tokens.dim() != 1 or tokens.numel() != end + 1:
+        raise ValueError(f"pattern_matchness: `tokens` must be the (T,) committed tokens with T = cached + 1 = "
+                         f"{end + 1}, got shape {tuple(tokens.shape)}.")
+    start = max(0, end - window)
+    if end - start < 1:
+        return None
+    inputs = tokens[start:end].to(target.device)
+    view = _prefix_view(target.cache, start)
+    positions = torch.arange(start, end, device=target.device)
+    with skip_sublayers(target.model, pattern):
+        logits, _ = target.forward(inputs, positions, None, view)
+    return matchness(logits.argmax(-1), tokens[start + 1: end + 1].to(target.device))
+
+
+@torch.no_grad()
+def calibrate_length_profile(target: TargetLM | nn.Module, lengths: tuple[int, ...] = (16, 64, 128, 256),
+                             repeats: int = 5, vocab_size: int | None = None, seed: int = 0) -> LengthProfile:
+    """Time plain one-token decode steps at several context lengths and fit a :class:`LengthProfile`.
+
+    Uses its own cache (random tokens; timing only), so the target's cache is not touched.
+    """
+    target = target if isinstance(target, TargetLM) else TargetLM(target)
+    if not lengths or min(lengths) < 1 or repeats < 1:
+        raise ValueError(f"calibrate_length_profile: lengths={lengths} (>= 1 each) and repeats={repeats} >= 1.")
+    vocab = vocab_size or int(target.model.config.vocab_size)
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(vocab, (max(lengths) + 1,), generator=g).to(target.device)
+    cache = target.new_cache()
+    target.forward(prompt[:-1], torch.arange(max(lengths), device=target.device), None, cache)
+    xs, ys = [], []
+    for rep in range(repeats + 1):  # rep 0 warms up
+        for n in lengths:
+            view = _prefix_view(cache, n)
+            t0 = time.perf_counter()
+            target.forward(prompt[n:n + 1], torch.tensor([n], device=target.device), None, view)
+            if rep:
+                xs.append(n)
+                ys.append(time.perf_counter() - t0)
+    return LengthProfile.fit(xs, ys)
+
+
+class LayerSkipDrafter(Drafter):
+    """Self-speculative chain drafting with a fixed :class:`SkipPattern` (the fixed-ratio baseline).
+
+    Args:
+        pattern: the sublayers to skip.
+        draft_length: most draft tokens per round (also capped by the verifier budget).
+        stop_confidence: stop the chain early once the draft's top-1 probability falls below
+            this (SWIFT's confidence early stop); 0 = always draft ``draft_length``.
+
+    .. code-block:: python
+
+        from lit_lowrank.ops.spirit import random_pattern
+        drafter = LayerSkipDrafter(random_pattern(12, ratio=0.4), draft_length=6)
+        out, stats = SpeculativeDecoder(model, drafter, budget=8).generate(prompt, 64)
+    """
+
+    def __init__(self, pattern: SkipPattern | None = None, draft_length: int = 6, stop_confidence: float = 0.5) -> None:
+        if draft_length < 1:
+            raise ValueError(f"`draft_length` must be >= 1, got {draft_length}.")
+        if not 0.0 <= stop_confidence < 1.0:
+            raise ValueError(f"`stop_confidence` must be in [0, 1), got {stop_confidence}.")
+        self.pattern = pattern or SkipPattern()
+        self.draft_length = draft_length
+        self.stop_confidence = stop_confidence
+
+    @torch.no_grad()
+    def draft(self, request: DraftRequest) -> DraftTree:
+        target = request.target
+        prefix = target.length
+        token = request.tokens[-1:].to(target.device)
+        out: list[int] = []
+        try:
+            with skip_sublayers(target.model, self.pattern):
+                for j in range(min(self.draft_length, request.budget)):
+                    logits, _ = target.forward(token, torch.tensor([prefix + j], device=target.device), None,
+                                               target.cache)
+                    probs = torch.softmax(logits[-1].double(), -1)
+                    conf, nxt = probs.max(-1)
+                    if out and float(conf) < self.stop_confidence:
+                        break
+                    out.append(int(nxt))
+                    token = nxt.view(1)
+        finally:
+            _crop(target.cache, prefix)  # the verifier gets its cache back exactly
+        tokens = torch.tensor(out, dtype=torch.long)
+        return DraftTree(tokens, torch.arange(len(out)) - 1, forwards=len(out))
+
+
+class _WindowedSkipDrafter(LayerSkipDrafter):
+    """Measures realised speed over windows of ``window_tokens`` emitted tokens (between draft calls)."""
+
+    def __init__(self, window_tokens: int = 32, profile: LengthProfile | None = None, match_window: int = 32,
+                 seed: int = 0, clock: Callable[[], float] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.clock = clock or time.perf_counter  # injectable: tests drive the windows with a fake clock
+        if window_tokens < 1:
+            raise ValueError(f"`window_tokens` must be >= 1, got {window_tokens}.")
+        self.window_tokens, self.profile, self.match_window = window_tokens, profile, match_window
+        self.generator = torch.Generator().manual_seed(seed)
+        self.history: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.tokens_seen = 0
+        self._t_last: float | None = None
+        self._pending = 0
+        self._window = {"tokens": 0, "seconds": 0.0, "context": 0.0, "rounds": 0, "accepted": 0, "drafted": 0}
+
+    def reset(self) -> None:
+        self._t_last, self._pending = None, 0  # the round before a new sequence includes its prefill
+
+    def observe(self, feedback: RoundFeedback) -> None:
+        self._pending = len(feedback.accepted) + 1
+        self._window["accepted"] += len(feedback.accepted)
+        self._window["drafted"] += feedback.tree.tokens.numel()
+        self.tokens_seen += self._pending
+
+    def draft(self, request: DraftRequest) -> DraftTree:
+        now = self.clock()
+        if self._t_last is not None and self._pending:
+            w = self._window
+            w["tokens"] += self._pending
+            w["seconds"] += now - self._t_last
+            w["context"] += request.tokens.numel() * self._pending
+            w["rounds"] += 1
+            if w["tokens"] >= self.window_tokens:
+                self._close_window(request)
+        self._pending = 0
+        if self.profile is None:
+            self.profile = calibrate_length_profile(request.target)
+        # the round is timed from here: the search's own work above (matchness forwards,
+        # calibration) is not charged to the configuration being measured
+        self._t_last = self.clock()
+        return super().draft(request)
+
+    def _close_window(self, request: DraftRequest) -> None:
+        w = self._window
+        context = w["context"] / w["tokens"]
+        speed = self.profile.normalise(w["tokens"], w["seconds"], context) if self.profile else w["tokens"] / w["seconds"]
+        record = {"window": len(self.history), "tokens_seen": self.tokens_seen, "speed": speed,
+                  "acceptance": w["accepted"] / max(w["drafted"], 1), "tau": w["tokens"] / max(w["rounds"], 1),
+                  "ratio": self.pattern.size / len(skippable_sublayers(self._num_layers(request))),
+                  "pattern": self.pattern.describe()}
+        self._window = {"tokens": 0, "seconds": 0.0, "context": 0.0, "rounds": 0, "accepted": 0, "drafted": 0}
+        record.update(self.on_window(record, request))
+        self.history.append(record)
+
+    @staticmethod
+    def _num_layers(request: DraftRequest) -> int:
+        return int(request.target.model.config.num_hidden_layers)
+
+    def on_window(self, record: dict[str, Any], request: DraftRequest) -> dict[str, Any]:
+        """A window closed: adapt (subclasses). Returns extra fields for the history record."""
+        return {}
+
+    def _best_by_matchness(self, request: DraftRequest, candidates: list[SkipPattern]) -> tuple[SkipPattern, float]:
+        scored = [(pattern_matchness(request.target, request.tokens, p, self.match_window) or 0.0, i, p)
+                  for i, p in enumerate(candidates)]
+        best = max(scored, key=lambda s: (s[0], -s[1]))
+        return best[2], best[0]
+
+    def _proposals(self, best: SkipPattern, num_layers: int, ratio: float, n_random: int, n_mutate: int
+                   ) -> list[SkipPattern]:
+        return ([best] + [random_pattern(num_layers, ratio, self.generator) for _ in range(n_random)]
+                + [mutate_pattern(best, num_layers, self.generator) for _ in range(n_mutate)])
+
+
+class AgreementSearchDrafter(_WindowedSkipDrafter):
+    """SWIFT-style agreement-only search: a fixed skip ratio, the pattern chosen by matchness alone.
+
+    After each of the first ``search_windows`` windows it scores the incumbent, ``n_random``
+    random patterns and ``n_mutate`` neighbours of the incumbent by matchness on the last
+    ``match_window`` tokens and keeps the best. It never looks at speed.
+
+    Args:
+        num_layers: decoder layers of the target.
+        ratio: the fixed skip ratio (fraction of the skippable sublayers; SWIFT uses ~0.45).
+        search_windows: windows during which the pattern is searched.
+        n_random / n_mutate: proposals per search step.
+        **kwargs: :class:`LayerSkipDrafter` and window arguments.
+
+    .. code-block:: python
+
+        drafter = AgreementSearchDrafter(num_layers=12, ratio=0.45)
+    """
+
+    def __init__(self, num_layers: int, ratio: float = 0.45, search_windows: int = 8, n_random: int = 2,
+                 n_mutate: int = 2, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.num_layers, self.ratio = num_layers, ratio
+        self.search_windows, self.n_random, self.n_mutate = search_windows, n_random, n_mutate
+        self.pattern = random_pattern(num_layers, ratio, self.generator)
+
+    def on_window(self, record: dict[str, Any], request: DraftRequest) -> dict[str, Any]:
+        if len(self.history) >= self.search_windows:
+            return {"phase": "fixed"}
+        cands = self._proposals(self.pattern, self.num_layers, self.ratio, self.n_random, self.n_mutate)
+        self.pattern, score = self._best_by_matchness(request, cands)
+        return {"phase": "search", "matchness": score}
+
+
+class SpiritDrafter(_WindowedSkipDrafter):
+    """SPIRIT: skip ratio by realised speed, pattern by matchness, re-adaptation on a task shift.
+
+    Phases (per window of ``window_tokens`` emitted tokens): ``ratio`` — successive halving
+    over ``grid`` (:class:`~lit_lowrank.ops.spirit.RatioSearch`), each arm run with the best
+    pattern known at that ratio (a random one at first), scored by the window's tokens/s
+    divided by plain decoding's at the same context length (the ``profile``; calibrated on
+    the first call when ``None``); ``refine`` — at the winning ratio, ``refine_steps`` rounds of
+    matchness proposals (random + neighbours of the incumbent); ``monitor`` — the mean speed of
+    ``reference_windows`` windows arms an EWMA :class:`~lit_lowrank.ops.spirit.ShiftDetector`;
+    a drop beyond ``delta`` logs a ``shift`` event and re-enters ``ratio`` restricted to the
+    grid neighbourhood of the nearest stored profile (token-histogram signature).
+
+    Args:
+        num_layers: decoder layers of the target.
+        grid: candidate skip ratios (fractions of the skippable sublayers).
+        refine_steps: matchness search steps in stage 2.
+        n_random / n_mutate: proposals per refine step.
+        alpha / delta / patience: the shift detector.
+        reference_windows: windows averaged for the detector's reference speed.
+        neighbourhood: grid steps around the stored ratio searched on re-adaptation.
+        arm_candidates: random patterns scored by matchness when an arm is first run (best kept).
+        arm_windows: windows per arm on the first successive-halving rung.
+        **kwargs: ``window_tokens``, ``profile``, ``match_window``, ``seed``, ``clock`` and
+            :class:`LayerSkipDrafter` arguments.
+
+    .. code-block:: python
+
+        drafter = SpiritDrafter(num_layers=12, grid=[0.2, 0.3, 0.4, 0.5, 0.6], window_tokens=32)
+        engine = SpeculativeDecoder(TargetLM(model), drafter, budget=8)
+    """
+
+    def __init__(self, num_layers: int, grid: tuple[float, ...] = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7),
+                 refine_steps: int = 2, n_random: int = 2, n_mutate: int = 3, alpha: float = 0.5,
+                 delta: float = 0.15, patience: int = 2, reference_windows: int = 2, neighbourhood: int = 1,
+                 arm_candidates: int = 4, arm_windows: int = 1, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        skippable_sublayers(num_layers)  # validates num_layers
+        self.num_layers, self.grid = num_layers, tuple(grid)
+        self.refine_steps, self.n_random, self.n_mutate = refine_steps, n_random, n_mutate
+        self.reference_windows, self.neighbourhood = reference_windows, neighbourhood
+        if arm_candidates < 1:
+            raise ValueError(f"`arm_candidates` must be >= 1, got {arm_candidates}.")
+        self.arm_candidates, self.arm_windows = arm_candidates, arm_windows
+        self.detector = ShiftDetector(alpha, delta, patience)
+        self.store = ProfileStore()
+        self.best_patterns: dict[float, SkipPattern] = {}
+        self._start_search(None)
+
+    def _arm_pattern(self, ratio: float, request: DraftRequest | None) -> SkipPattern:
+        """The best pattern known at ``ratio``; a new arm gets the best of ``arm_candidates`` random
+        patterns by matchness (one cheap parallel forward each), so arms compare ratios rather
+        than the luck of one random pattern."""
+        if ratio not in self.best_patterns:
+            cands = [random_pattern(self.num_layers, ratio, self.generator) for _ in range(self.arm_candidates)]
+            enough = request is not None and request.target.length >= 2
+            self.best_patterns[ratio] = self._best_by_matchness(request, cands)[0] if enough else cands[0]
+        return self.best_patterns[ratio]
+
+    def _start_search(self, incumbent: float | None, request: DraftRequest | None = None) -> None:
+        self.phase = "ratio"
+        self.search = RatioSearch(list(self.grid), windows_per_arm=self.arm_windows, incumbent=incumbent,
+                                  neighbourhood=self.neighbourhood)
+        self.pattern = self._arm_pattern(self.search.propose(), request)
+        self._reference: list[float] = []
+
+    def on_window(self, record: dict[str, Any], request: DraftRequest) -> dict[str, Any]:
+        phase = self.phase
+        extra: dict[str, Any] = {"phase": phase}
+        if phase == "ratio":
+            self.search.update(record["speed"])
+            if not self.search.done:
+                self.pattern = self._arm_pattern(self.search.propose(), request)
+                return extra
+            ratio = self.search.best
+            best = self._arm_pattern(ratio, request)
+            for _ in range(self.refine_steps):  # stage 2: refine the pattern at the chosen ratio
+                cands = self._proposals(best, self.num_layers, ratio, self.n_random, self.n_mutate)
+                best, score = self._best_by_matchness(request, cands)
+                extra["matchness"] = score
+            self.best_patterns[ratio] = self.pattern = best
+            self.phase = "monitor"
+            self.events.append({"event": "adapted", "window": record["window"], "tokens_seen": self.tokens_seen,
+                                "ratio": ratio, "search_windows": self.search.windows})
+        elif phase == "monitor":
+            if not self.detector.armed:
+                self._reference.append(record["speed"])
+                if len(self._reference) >= self.reference_windows:
+                    reference = sum(self._reference) / len(self._reference)
+                    self.detector.arm(reference)
+                    ratio = self.pattern.size / len(skippable_sublayers(self.num_layers))
+                    self.store.add(self._signature(request), ratio, self.pattern, reference)
+            elif self.detector.update(record["speed"]):
+                nearest = self.store.nearest(self._signature(request))
+                incumbent = None if nearest is None else nearest["ratio"]
+                self.events.append({"event": "shift", "window": record["window"], "tokens_seen": self.tokens_seen,
+                                    "warm_start_ratio": incumbent})
+                self._start_search(incumbent, request)
+        return extra
+
+    def _signature(self, request: DraftRequest) -> Tensor:
+        return token_signature(request.tokens[-4 * self.match_window:])

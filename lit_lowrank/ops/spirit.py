@@ -1,0 +1,333 @@
+"""SPIRIT's pure math: skip patterns, the speed-driven ratio search, length-aware normalisation,
+EWMA shift detection and the profile store (no model, no Lightning).
+
+SPIRIT drafts with the target itself, some attention / MLP *sublayers* of layers
+``1..L-2`` left out (a :class:`SkipPattern`). Stage 1 picks the *skip ratio* (the fraction
+of skippable sublayers left out) from a grid by realised speed over decode windows
+(:class:`RatioSearch`, successive halving), each window's speed first divided by plain
+decoding's speed at the same context length (:class:`LengthProfile`), because a window at
+a longer context is slower for reasons that have nothing to do with the draft. Stage 2
+refines the pattern at that ratio by matchness (:func:`matchness`, :func:`mutate_pattern`).
+Afterwards an EWMA of the normalised speed watches for a task shift
+(:class:`ShiftDetector`); a drop re-enters stage 1, warm-started from the nearest stored
+profile (:class:`ProfileStore`, keyed by a token-histogram signature).
+
+.. code-block:: python
+
+    from lit_lowrank.ops.spirit import LengthProfile, RatioSearch, ShiftDetector
+
+    profile = LengthProfile.fit(lengths=[32, 64, 128], seconds_per_token=[0.010, 0.011, 0.013])
+    search = RatioSearch([0.2, 0.3, 0.4, 0.5, 0.6])
+    while not search.done:
+        rho = search.propose()
+        speed = profile.normalise(tokens=40, seconds=0.25, context_length=90)   # measured at rho
+        search.update(speed)
+    detector = ShiftDetector(delta=0.15)
+    detector.arm(reference=search.best_score)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+SUBLAYERS = ("attn", "mlp")
+
+
+@dataclass(frozen=True)
+class SkipPattern:
+    """Which sublayers the draft leaves out.
+
+    Attributes:
+        attn: decoder-layer indices whose self-attention sublayer is skipped.
+        mlp: decoder-layer indices whose MLP sublayer is skipped.
+    """
+
+    attn: frozenset[int] = frozenset()
+    mlp: frozenset[int] = frozenset()
+
+    @property
+    def size(self) -> int:
+        """Number of skipped sublayers."""
+        return len(self.attn) + len(self.mlp)
+
+    @property
+    def whole_layers(self) -> frozenset[int]:
+        """Layers with both sublayers skipped (dropped whole, norms included)."""
+        return self.attn & self.mlp
+
+    def sublayers(self) -> set[tuple[int, str]]:
+        return {(i, "attn") for i in self.attn} | {(i, "mlp") for i in self.mlp}
+
+    @staticmethod
+    def from_sublayers(items: set[tuple[int, str]] | list[tuple[int, str]]) -> SkipPattern:
+        bad = [s for s in items if s[1] not in SUBLAYERS]
+        if bad:
+            raise ValueError(f"SkipPattern: sublayer kinds {bad} not in {SUBLAYERS}.")
+        return SkipPattern(frozenset(i for i, k in items if k == "attn"), frozenset(i for i, k in items if k == "mlp"))
+
+    def describe(self) -> str:
+        return f"attn{sorted(self.attn)} mlp{sorted(self.mlp)}"
+
+
+def skippable_sublayers(num_layers: int) -> list[tuple[int, str]]:
+    """The sublayers a draft may skip: attention and MLP of layers ``1..L-2`` (first and last stay)."""
+    if num_layers < 3:
+        raise ValueError(f"`num_layers`={num_layers}: SPIRIT needs >= 3 layers (first and last are never skipped).")
+    return [(i, k) for i in range(1, num_layers - 1) for k in SUBLAYERS]
+
+
+def pattern_size(num_layers: int, ratio: float) -> int:
+    """Sublayers skipped at skip ratio ``ratio`` (rounded, at least 1 when ``ratio > 0``)."""
+    if not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"`ratio`={ratio}: expected a skip ratio in [0, 1].")
+    n = len(skippable_sublayers(num_layers))
+    return min(n, max(int(ratio > 0), round(ratio * n)))
+
+
+def random_pattern(num_layers: int, ratio: float, generator: torch.Generator | None = None) -> SkipPattern:
+    """A uniformly random pattern at skip ratio ``ratio``."""
+    cands = skippable_sublayers(num_layers)
+    k = pattern_size(num_layers, ratio)
+    idx = torch.randperm(len(cands), generator=generator)[:k].tolist()
+    return SkipPattern.from_sublayers([cands[i] for i in idx])
+
+
+def mutate_pattern(pattern: SkipPattern, num_layers: int, generator: torch.Generator | None = None) -> SkipPattern:
+    """A neighbour at the same ratio: one skipped sublayer swapped for one kept sublayer."""
+    cands = skippable_sublayers(num_layers)
+    skipped = sorted(pattern.sublayers())
+    kept = [c for c in cands if c not in pattern.sublayers()]
+    if not skipped or not kept:
+        return pattern
+    out = torch.randint(len(skipped), (1,), generator=generator).item()
+    into = torch.randint(len(kept), (1,), generator=generator).item()
+    return SkipPattern.from_sublayers((set(skipped) - {skipped[out]}) | {kept[into]})
+
+
+def matchness(draft_argmax: Tensor, next_tokens: Tensor) -> float:
+    """SWIFT's matchness: the fraction of greedy draft predictions equal to the actual next tokens.
+
+    Args:
+        draft_argmax: ``(N,)`` the draft's argmax after each of ``N`` context tokens.
+        next_tokens: ``(N,)`` the tokens that actually followed.
+    """
+    if draft_argmax.shape != next_tokens.shape or draft_argmax.dim() != 1 or draft_argmax.numel() == 0:
+        raise ValueError(f"matchness: expected two equal non-empty (N,) tensors, got {tuple(draft_argmax.shape)} "
+                         f"and {tuple(next_tokens.shape)}.")
+    return float((draft_argmax == next_tokens).float().mean())
+
+
+def chain_speedup(acceptance: float, draft_length: int, draft_cost: float) -> float:
+    """Expected speedup of chain drafting over plain decoding (the standard i.i.d. acceptance model).
+
+    Each of ``draft_length`` draft tokens is accepted with probability ``acceptance`` given its
+    predecessors were; a round emits ``(1 - a^(k+1)) / (1 - a)`` tokens and costs
+    ``k * draft_cost + 1`` target forwards (``draft_cost`` = a draft forward's time relative
+    to a target forward). Used as a synthetic cost model with a known optimum.
+    """
+    if not 0.0 <= acceptance <= 1.0 or draft_length < 0 or draft_cost < 0:
+        raise ValueError(f"chain_speedup: acceptance={acceptance} in [0,1], draft_length={draft_length} >= 0 "
+                         f"and draft_cost={draft_cost} >= 0 expected.")
+    k, a = draft_length, acceptance
+    tokens = k + 1.0 if a == 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+    return tokens / (k * draft_cost + 1.0)
+
+
+@dataclass
+class LengthProfile:
+    """Plain autoregressive decoding speed vs context length: ``sec/token = intercept + slope * length``.
+
+    Linear because per-token work is the weights (constant) plus attention over the context
+    (linear in its length). :meth:`normalise` divides a window's tokens/s by plain decoding's
+    tokens/s at the window's mean context length: a relative speed (a speedup estimate) that
+    windows at different context lengths can be compared by.
+    """
+
+    intercept: float
+    slope: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.intercept > 0 or self.slope < 0:
+            raise ValueError(f"LengthProfile: intercept={self.intercept} must be > 0 and slope={self.slope} >= 0.")
+
+    @staticmethod
+    def fit(lengths: list[float] | Tensor, seconds_per_token: list[float] | Tensor) -> LengthProfile:
+        """Least squares over measured ``(context length, seconds per plain token)`` points."""
+        x = torch.as_tensor(lengths, dtype=torch.float64).flatten()
+        y = torch.as_tensor(seconds_per_token, dtype=torch.float64).flatten()
+        if x.numel() != y.numel() or x.numel() == 0:
+            raise ValueError(f"LengthProfile.fit: {x.numel()} lengths and {y.numel()} times; need equal, >= 1.")
+        if x.numel() == 1 or float(x.var()) == 0.0:
+            return LengthProfile(float(y.mean()))
+        slope = float(((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum())
+        slope = max(slope, 0.0)  # timing noise must not make longer contexts faster
+        intercept = float(y.mean()) - slope * float(x.mean())
+        if intercept <= 0:
+            intercept, slope = float(y.mean()), 0.0
+        return LengthProfile(intercept, slope)
+
+    def seconds_per_token(self, context_length: float) -> float:
+        return self.intercept + self.slope * float(context_length)
+
+    def plain_tokens_per_second(self, context_length: float) -> float:
+        return 1.0 / self.seconds_per_token(context_length)
+
+    def normalise(self, tokens: float, seconds: float, context_length: float) -> float:
+        """``(tokens / seconds) / plain tokens/s at context_length``: 1.0 = as fast as plain decoding."""
+        if seconds <= 0 or tokens < 0:
+            raise ValueError(f"normalise: tokens={tokens} >= 0 and seconds={seconds} > 0 expected.")
+        return tokens / seconds * self.seconds_per_token(context_length)
+
+
+class RatioSearch:
+    """Stage 1: successive halving over a grid of skip ratios, scored by normalised window speed.
+
+    Every live arm is measured for ``windows_per_arm`` windows per rung (doubling each rung),
+    the better half (by mean score) survives, until one arm is left. ``propose`` returns the
+    ratio to run next, ``update`` takes its measured score. A warm start (``incumbent``)
+    keeps only the grid points within ``neighbourhood`` steps of a stored ratio, so
+    re-adaptation after a shift costs a few windows instead of a full search.
+
+    Args:
+        grid: candidate skip ratios (each in ``(0, 1]``).
+        windows_per_arm: windows per arm on the first rung.
+        incumbent: warm-start ratio (the nearest stored profile's), or ``None``.
+        neighbourhood: grid steps kept around ``incumbent``.
+
+    .. code-block:: python
+
+        search = RatioSearch([0.2, 0.4, 0.6])
+        while not search.done:
+            search.update(measure(search.propose()))
+        best = search.best
+    """
+
+    def __init__(self, grid: list[float], windows_per_arm: int = 1, incumbent: float | None = None,
+                 neighbourhood: int = 1) -> None:
+        grid = sorted(float(g) for g in grid)
+        if not grid or any(not 0.0 < g <= 1.0 for g in grid):
+            raise ValueError(f"`grid`={grid}: expected a non-empty list of skip ratios in (0, 1].")
+        if windows_per_arm < 1 or neighbourhood < 0:
+            raise ValueError(f"`windows_per_arm`={windows_per_arm} must be >= 1, `neighbourhood`={neighbourhood} >= 0.")
+        if incumbent is not None:
+            centre = min(range(len(grid)), key=lambda i: abs(grid[i] - incumbent))
+            grid = grid[max(0, centre - neighbourhood): centre + neighbourhood + 1]
+        self.arms = grid
+        self.scores: dict[float, list[float]] = {g: [] for g in grid}
+        self.alive = list(grid)
+        self.per_arm = windows_per_arm
+        self._queue = self._schedule()
+        self.windows = 0
+
+    def _schedule(self) -> list[float]:
+        return [g for g in self.alive for _ in range(self.per_arm)]
+
+    @property
+    def done(self) -> bool:
+        return len(self.alive) == 1 and not self._queue
+
+    def propose(self) -> float:
+        """The ratio to measure next (the winner once :attr:`done`)."""
+        return self._queue[0] if self._queue else self.best
+
+    def update(self, score: float) -> None:
+        """The normalised speed measured over one window at :meth:`propose`'s ratio."""
+        if not self._queue:
+            return
+        self.scores[self._queue.pop(0)].append(float(score))
+        self.windows += 1
+        if not self._queue and len(self.alive) > 1:
+            ranked = sorted(self.alive, key=self.mean, reverse=True)
+            self.alive = ranked[: max(1, len(ranked) // 2)]
+            if len(self.alive) > 1:
+                self.per_arm *= 2
+                self._queue = self._schedule()
+
+    def mean(self, ratio: float) -> float:
+        s = self.scores[ratio]
+        return sum(s) / len(s) if s else -math.inf
+
+    @property
+    def best(self) -> float:
+        return max(self.alive, key=self.mean)
+
+    @property
+    def best_score(self) -> float:
+        return self.mean(self.best)
+
+
+class ShiftDetector:
+    """EWMA of normalised speed; a drop below ``(1 - delta) * reference`` for ``patience`` windows is a shift.
+
+    Args:
+        alpha: EWMA weight of the newest window.
+        delta: relative drop that counts as a shift (~0.15).
+        patience: consecutive windows below the threshold before firing (noise guard).
+
+    .. code-block:: python
+
+        det = ShiftDetector(alpha=0.5, delta=0.15)
+        det.arm(reference=1.4)
+        for speed in trace:
+            if det.update(speed):
+                print("task shift: re-adapt")
+    """
+
+    def __init__(self, alpha: float = 0.5, delta: float = 0.15, patience: int = 2) -> None:
+        if not 0 < alpha <= 1 or not 0 < delta < 1 or patience < 1:
+            raise ValueError(f"ShiftDetector: alpha={alpha} in (0,1], delta={delta} in (0,1), patience={patience} >= 1.")
+        self.alpha, self.delta, self.patience = alpha, delta, patience
+        self.reference: float | None = None
+        self.ewma: float | None = None
+        self._below = 0
+
+    def arm(self, reference: float) -> None:
+        """Start watching, with the adapted configuration's speed as the reference."""
+        self.reference, self.ewma, self._below = float(reference), float(reference), 0
+
+    def disarm(self) -> None:
+        self.reference, self.ewma, self._below = None, None, 0
+
+    @property
+    def armed(self) -> bool:
+        return self.reference is not None
+
+    def update(self, speed: float) -> bool:
+        """Feed one window's normalised speed; True when a shift is detected (then disarmed)."""
+        if self.reference is None:
+            return False
+        self.ewma = self.alpha * float(speed) + (1 - self.alpha) * self.ewma
+        self._below = self._below + 1 if self.ewma < (1 - self.delta) * self.reference else 0
+        if self._below >= self.patience:
+            self.disarm()
+            return True
+        return False
+
+
+def token_signature(tokens: Tensor, buckets: int = 64) -> Tensor:
+    """A request-stream signature: the L2-normalised histogram of token ids hashed into ``buckets``."""
+    if tokens.numel() == 0:
+        raise ValueError("token_signature: `tokens` is empty.")
+    hist = torch.bincount(tokens.flatten().long() % buckets, minlength=buckets).double()
+    return hist / hist.norm()
+
+
+@dataclass
+class ProfileStore:
+    """Adapted configurations keyed by stream signature; :meth:`nearest` warm-starts re-adaptation."""
+
+    entries: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, signature: Tensor, ratio: float, pattern: SkipPattern, speed: float) -> None:
+        self.entries.append({"signature": signature, "ratio": ratio, "pattern": pattern, "speed": speed})
+
+    def nearest(self, signature: Tensor) -> dict[str, Any] | None:
+        """The stored entry with the highest cosine similarity to ``signature`` (None when empty)."""
+        if not self.entries:
+            return None
+        return max(self.entries, key=lambda e: float(e["signature"] @ signature))
