@@ -13,6 +13,16 @@ from lit_lowrank.ops.graph_propagation import as_edge_index, local_homophily, no
 from lit_lowrank.ops.grpo import group_advantages, grpo_loss
 from lit_lowrank.ops.homodyne import fidelity_pure, hermite_functions, purity, sample_homodyne
 from lit_lowrank.ops.imle import bin_homodyne, imle_reconstruct
+from lit_lowrank.ops.lowrank import (
+    effective_rank_of,
+    low_rank_approx,
+    low_rank_factors,
+    rank_for_energy,
+    singular_values,
+    stable_rank_of,
+    truncated_svd,
+)
+from lit_lowrank.ops.macs import conv_macs, count_macs, linear_macs
 from lit_lowrank.ops.packing import block_causal_mask, cu_seqlens_from_doc_ids, position_ids_from_doc_ids
 from lit_lowrank.ops.quantization import (
     BitsBreakdown,
@@ -109,3 +119,7 @@ __all__ += [
 ]
 __all__ += ["bin_homodyne", "fidelity_pure", "hermite_functions", "imle_reconstruct", "purity", "sample_homodyne",
             "sliced_wasserstein_1", "wasserstein_1d"]
+__all__ += [
+    "conv_macs", "count_macs", "effective_rank_of", "linear_macs", "low_rank_approx", "low_rank_factors",
+    "rank_for_energy", "singular_values", "stable_rank_of", "truncated_svd",
+]
