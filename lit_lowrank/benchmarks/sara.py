@@ -4,7 +4,13 @@ Workload: a small class-conditional DiT (diffusers ``DiTTransformer2DModel``, hi
 4 blocks, patch 2; ~all MACs in Linear layers) trained as an ε-prediction DDPM on the
 embedded 8×8 digits inside the benchmark (a few hundred AdamW steps; cached under
 ``$LIT_LOWRANK_CACHE`` or the temp dir, keyed by the training config and seed), sampled
-with deterministic DDIM from fixed noise and labels.
+with deterministic DDIM from fixed noise and labels (rows ``model="dit_eps"``). Two more sections
+use ``DiffusionModule``'s own diffusers ``UNet2DModel`` (``TINY_UNET``: 32/64 channels, one
+attention level, class embedding), trained the same way (fewer steps, batch 32, cached) as an
+ε-prediction (``unet_eps``) and a v-prediction (``unet_v``) model: there the 3×3 convs hold ~93%
+of the MACs, so every ungrouped conv is factored too (``include_conv=True``: ``C_out × C_in·k·k``),
+and ``macs_linear`` means all factored layers. They run fewer samples and steps and are not timed
+(quick-mode CPU budget); their claims carry a ``UNet ε:`` / ``UNet v:`` prefix.
 
 Quality is the **error against the full-rank sampler from the same noise and labels**
 (``rel_error`` = ‖x − x_full‖_F / ‖x_full‖_F over all samples; ``max_abs`` for exactness) and
@@ -49,7 +55,7 @@ from lit_lowrank.benchmarks.harness import BenchmarkResult, claim
 from lit_lowrank.callbacks.sara_controller import SARAController
 from lit_lowrank.ops.macs import count_macs
 from lit_lowrank.ops.sara import factored_macs
-from lit_lowrank.tasks.diffusion import DiffusionModule
+from lit_lowrank.tasks.diffusion import TINY_UNET, DiffusionModule
 
 DIT_CONFIG: dict[str, Any] = {"num_attention_heads": 2, "attention_head_dim": 32, "in_channels": 1, "out_channels": 1,
                               "num_layers": 4, "sample_size": 8, "patch_size": 2, "num_embeds_ada_norm": 10,
@@ -70,17 +76,11 @@ def _cache_dir() -> Path:
     return root
 
 
-def train_digits_dit(steps: int, seed: int, prediction_type: str = "epsilon") -> DiffusionModule:
-    """The benchmark's DiT: trained once per (config, steps, seed) and cached as a state dict."""
-    from diffusers import DiTTransformer2DModel
-
-    config = {"dit": DIT_CONFIG, "steps": steps, "seed": seed, "prediction_type": prediction_type,
-              "batch": 64, "lr": 2e-3, "version": 1}
+def _train_cached(module: DiffusionModule, config: dict[str, Any], prefix: str, steps: int,
+                  seed: int) -> DiffusionModule:
+    """Train ``module`` on the digits with AdamW + one-cycle (``config``: batch, lr) or load it from the cache."""
     key = hashlib.sha1(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
-    path = _cache_dir() / f"sara_dit_{key}.pt"
-    torch.manual_seed(seed)
-    module = DiffusionModule(model=DiTTransformer2DModel(**DIT_CONFIG), num_classes=10,
-                             prediction_type=prediction_type)
+    path = _cache_dir() / f"{prefix}_{key}.pt"
     if path.is_file():
         module.model.load_state_dict(torch.load(path, weights_only=True))
         return module.eval()
@@ -100,11 +100,33 @@ def train_digits_dit(steps: int, seed: int, prediction_type: str = "epsilon") ->
     return module.eval()
 
 
+def train_digits_dit(steps: int, seed: int, prediction_type: str = "epsilon") -> DiffusionModule:
+    """The benchmark's DiT: trained once per (config, steps, seed) and cached as a state dict."""
+    from diffusers import DiTTransformer2DModel
+
+    config = {"dit": DIT_CONFIG, "steps": steps, "seed": seed, "prediction_type": prediction_type,
+              "batch": 64, "lr": 2e-3, "version": 1}
+    torch.manual_seed(seed)
+    module = DiffusionModule(model=DiTTransformer2DModel(**DIT_CONFIG), num_classes=10,
+                             prediction_type=prediction_type)
+    return _train_cached(module, config, "sara_dit", steps, seed)
+
+
+def train_digits_unet(steps: int, seed: int, prediction_type: str = "epsilon") -> DiffusionModule:
+    """The benchmark's UNet: ``DiffusionModule``'s default ``UNet2DModel`` (:data:`TINY_UNET`, class
+    embedding), trained once per (config, steps, seed, parameterisation) and cached."""
+    config = {"unet": {k: list(v) if isinstance(v, tuple) else v for k, v in TINY_UNET.items()}, "steps": steps,
+              "seed": seed, "prediction_type": prediction_type, "batch": 32, "lr": 2e-3, "version": 1}
+    torch.manual_seed(seed)
+    module = DiffusionModule(num_classes=10, prediction_type=prediction_type)
+    return _train_cached(module, config, "sara_unet", steps, seed)
+
+
 class _Sampler:
     """Fixed noise / labels; samples with a controller policy and scores against the full-rank samples."""
 
-    def __init__(self, module: DiffusionModule, n: int, steps: int, seed: int) -> None:
-        self.module, self.n, self.steps = module, n, steps
+    def __init__(self, module: DiffusionModule, n: int, steps: int, seed: int, include_conv: bool = False) -> None:
+        self.module, self.n, self.steps, self.include_conv = module, n, steps, include_conv
         g = torch.Generator().manual_seed(seed)
         self.labels = torch.arange(n) % 10
         self.noise = torch.randn((n, 1, 8, 8), generator=g)
@@ -121,7 +143,8 @@ class _Sampler:
                                           noise=self.cal_noise)
 
     def controller(self) -> SARAController:
-        return SARAController(self.module.model, step_source=lambda: self.module.current_step_index).attach()
+        return SARAController(self.module.model, step_source=lambda: self.module.current_step_index,
+                              include_conv=self.include_conv).attach()
 
 
 def _static_ratio(controller: SARAController, rows: dict[str, int], ranks: dict[str, int | None]) -> float:
@@ -143,16 +166,12 @@ def _bisect(ratio_of, budget: float, lo: float, hi: float, increasing: bool, ite
     return lo if increasing else hi
 
 
-def run(quick: bool, seed: int) -> BenchmarkResult:
-    from sklearn.linear_model import LogisticRegression
-
-    torch.set_num_threads(1)  # the machine is shared: one thread keeps timings comparable
-    train_steps, n, steps = (400, 64, 20) if quick else (3000, 256, 50)
-    budgets = (0.5, 0.7) if quick else (0.4, 0.5, 0.6, 0.7, 0.8)
-    module = train_digits_dit(train_steps, seed)
-    x, y = _digits()
-    classifier = LogisticRegression(max_iter=2000).fit(x.flatten(1).numpy(), y.numpy())
-    sampler = _Sampler(module, n, steps, seed)
+def _evaluate(module: DiffusionModule, model: str, n: int, steps: int, budgets: tuple[float, ...], classifier: Any,
+              seed: int, quick: bool, include_conv: bool = False) -> tuple[list[dict[str, Any]], dict[str, Any],
+                                                                           _Sampler]:
+    """Every row of one model (full, uniform, static, SARA-DP, SARA-Online, fewer steps, the pair) per budget;
+    returns the rows, the policies (for the timing pass) and the sampler."""
+    sampler = _Sampler(module, n, steps, seed, include_conv=include_conv)
     reference = sampler.sample()
     ref_labels = classifier.predict(reference.flatten(1).clamp(-1, 1).numpy())
 
@@ -170,7 +189,7 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
         labels = classifier.predict(samples.flatten(1).clamp(-1, 1).numpy())
         err = float((samples - reference).double().norm() / reference.double().norm())
         macs_total = step_fraction * (other + linear_ratio * linear_dense) / total
-        return {"method": method, "budget": budget, "macs_linear": round(linear_ratio * step_fraction, 4),
+        return {"model": model, "method": method, "budget": budget, "macs_linear": round(linear_ratio * step_fraction, 4),
                 "macs_total": round(macs_total, 4), "rel_error": round(err, 5),
                 "max_abs": float((samples - reference).abs().max()),
                 "agreement": round(float((labels == ref_labels).mean()), 4), **extra}
@@ -232,6 +251,20 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
                                   param=k))
             policies[f"sara_dp+fewer_steps@{budget}"] = (lambda c, s=schedule: c.set_schedule(s), k)
 
+    return rows_out, policies, sampler
+
+
+def run(quick: bool, seed: int) -> BenchmarkResult:
+    from sklearn.linear_model import LogisticRegression
+
+    torch.set_num_threads(1)  # the machine is shared: one thread keeps timings comparable
+    train_steps, n, steps = (400, 64, 20) if quick else (3000, 256, 50)
+    budgets = (0.5, 0.7) if quick else (0.4, 0.5, 0.6, 0.7, 0.8)
+    x, y = _digits()
+    classifier = LogisticRegression(max_iter=2000).fit(x.flatten(1).numpy(), y.numpy())
+    module = train_digits_dit(train_steps, seed)
+    rows_out, policies, sampler = _evaluate(module, "dit_eps", n, steps, budgets, classifier, seed, quick)
+
     # wall clock: interleaved medians of sampling with each policy (controller attached outside the timing)
     timed = ["full@1.0"] + [f"{m}@{budgets[0]}" for m in ("uniform", "static", "sara_dp", "sara_online",
                                                            "fewer_steps", "sara_dp+fewer_steps")]
@@ -254,12 +287,25 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
         key = f"{row['method']}@{row['budget']}"
         if key in medians:
             row["wall_ratio"] = round(medians[key] / medians["full@1.0"], 3)
-    return BenchmarkResult(rows_out, _claims(rows_out, budgets), notes={
-        "model": f"DiT hidden 64 x 4 blocks, {train_steps} training steps, eps-prediction, DDIM {steps} steps",
-        "samples": n, "quality": "rel. error and classifier agreement vs full-rank samples from the same noise"})
+    claims = _claims(rows_out, budgets)
+
+    # the UNet (3x3 convs hold ~93% of its MACs, so they are factored too) under ε and v parameterisations;
+    # fewer samples/steps than the DiT and not timed, to keep quick mode within its CPU budget
+    unet_steps, n_u, steps_u = (150, 32, 10) if quick else (3000, 256, 50)
+    budgets_u = (0.5,) if quick else (0.5, 0.7)
+    for prediction_type, tag, label in (("epsilon", "unet_eps", "UNet ε"), ("v_prediction", "unet_v", "UNet v")):
+        unet = train_digits_unet(unet_steps, seed, prediction_type)
+        unet_rows, _, _ = _evaluate(unet, tag, n_u, steps_u, budgets_u, classifier, seed, quick, include_conv=True)
+        rows_out += unet_rows
+        claims += _claims(unet_rows, budgets_u, prefix=f"{label}: ")
+    return BenchmarkResult(rows_out, claims, notes={
+        "model": f"dit_eps: DiT hidden 64 x 4 blocks, {train_steps} training steps, eps-prediction, DDIM {steps} "
+                 f"steps, {n} samples; unet_eps / unet_v: UNet2DModel (32, 64) channels, {unet_steps} training steps, "
+                 f"eps / v-prediction, Linear + all convs factored, DDIM {steps_u} steps, {n_u} samples",
+        "quality": "rel. error and classifier agreement vs full-rank samples from the same noise"})
 
 
-def _claims(rows: list[dict[str, Any]], budgets: tuple[float, ...]) -> list[dict[str, Any]]:
+def _claims(rows: list[dict[str, Any]], budgets: tuple[float, ...], prefix: str = "") -> list[dict[str, Any]]:
     def get(method: str, budget: float) -> dict[str, Any]:
         return next(r for r in rows if r["method"] == method and r["budget"] == budget)
 
@@ -273,7 +319,7 @@ def _claims(rows: list[dict[str, Any]], budgets: tuple[float, ...]) -> list[dict
     online_vs_dp = (get("sara_online", b_online)["rel_error"] / get("sara_dp", b_online)["rel_error"]
                     if reached else math.inf)
     pair, dp_p, fewer_p = get("sara_dp+fewer_steps", pair_b), get("sara_dp", pair_b), get("fewer_steps", pair_b)
-    return [
+    claims = [
         claim("full rank reproduces the original samples exactly (max |diff|)", full["max_abs"], 0.0, "<="),
         claim(f"SARA-DP error / uniform-rank error at {b:.0%} MACs", dp / uni, 1.0, "<"),
         claim(f"uniform-rank error / static-SVD error at {b:.0%} MACs", uni / sta, 1.0, "<"),
@@ -283,3 +329,6 @@ def _claims(rows: list[dict[str, Any]], budgets: tuple[float, ...]) -> list[dict
         claim("SARA-DP + fewer steps: error / (SARA-DP error + fewer-steps error)",
               pair["rel_error"] / (dp_p["rel_error"] + fewer_p["rel_error"]), 1.0, "<="),
     ]
+    for c in claims:
+        c["claim"] = prefix + c["claim"]
+    return claims

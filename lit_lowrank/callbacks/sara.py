@@ -55,6 +55,7 @@ class SARA(MethodCallback):
         levels: rank fractions of ``min(m, n)`` the DP chooses among.
         target: regex / names of the layers to factor (default all Linear layers).
         include_conv1x1: also factor pointwise convolutions.
+        include_conv: also factor ``k×k`` convolutions (as ``C_out × C_in·k·k``; UNets).
         blocks: ``"auto"`` or a list of block regexes (DP granularity).
         denoiser_attr: attribute of the module holding the denoiser.
         num_inference_steps: solver steps of calibration and of the validation diagnostic.
@@ -77,7 +78,7 @@ class SARA(MethodCallback):
                  levels: Sequence[float] = DEFAULT_LEVELS, target: str | Sequence[str] | None = None,
                  include_conv1x1: bool = False, blocks: str | Sequence[str] = "auto", denoiser_attr: str = "model",
                  num_inference_steps: int = 20, calibration_samples: int = 8, eval_samples: int = 8,
-                 seed: int = 0) -> None:
+                 seed: int = 0, include_conv: bool = False) -> None:
         if mode not in _MODES:
             raise ValueError(f"`mode`={mode!r}, expected one of {_MODES}.")
         if not 0 < budget <= 1:
@@ -89,6 +90,7 @@ class SARA(MethodCallback):
                              f"got {num_inference_steps}, {calibration_samples}, {eval_samples}.")
         self.mode, self.budget, self.threshold = mode, float(budget), float(threshold)
         self.controller_kwargs = {"target": target, "include_conv1x1": include_conv1x1, "blocks": blocks,
+                                  "include_conv": include_conv,
                                   "levels": tuple(levels)}
         self.denoiser_attr = denoiser_attr
         self.num_inference_steps, self.calibration_samples = num_inference_steps, calibration_samples

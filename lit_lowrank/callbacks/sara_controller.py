@@ -47,7 +47,7 @@ from lit_lowrank.ops.sara import (
     rank_levels,
     solve_rank_dp,
 )
-from lit_lowrank.ops.svd_linear import SVDLinear, is_pointwise_conv
+from lit_lowrank.ops.svd_linear import SVDLinear, is_factorable_conv, is_pointwise_conv
 
 __all__ = ["DEFAULT_LEVELS", "SARAController", "apply_sara", "auto_block_name"]
 
@@ -83,6 +83,9 @@ class SARAController:
         denoiser: the network called once (or once per guidance branch) per solver step.
         target: regex / names of the layers to factor (default: every ``nn.Linear``).
         include_conv1x1: also factor pointwise ``nn.Conv2d`` layers.
+        include_conv: also factor every ungrouped zero-padded ``nn.Conv2d`` (``k×k`` kernels as the
+            matrix ``C_out × C_in·k·k``: a ``k×k`` conv to ``r`` channels, then a pointwise map); implies
+            ``include_conv1x1``. UNets hold most of their MACs in ``3×3`` convs.
         blocks: ``"auto"`` (:func:`auto_block_name`) or a list of regexes; a layer belongs to
             the first block regex it matches (unmatched layers form the block ``"other"``).
         levels: rank fractions of ``min(m, n)`` for the DP and uniform grids.
@@ -92,11 +95,11 @@ class SARAController:
     def __init__(self, denoiser: nn.Module, target: str | Sequence[str] | None = None,
                  include_conv1x1: bool = False, blocks: str | Sequence[str] = "auto",
                  levels: Sequence[float] = DEFAULT_LEVELS,
-                 step_source: Callable[[], int | None] | None = None) -> None:
+                 step_source: Callable[[], int | None] | None = None, include_conv: bool = False) -> None:
         if not isinstance(denoiser, nn.Module):
             raise TypeError(f"`denoiser` must be an nn.Module, got {type(denoiser).__name__}.")
         self.denoiser = denoiser
-        self.target, self.include_conv1x1 = target, include_conv1x1
+        self.target, self.include_conv1x1, self.include_conv = target, include_conv1x1, include_conv
         self.block_spec = blocks
         self.levels = tuple(sorted(levels))
         rank_levels(8, self.levels)  # validates the fractions
@@ -132,12 +135,14 @@ class SARAController:
         """Replace the target layers with :class:`SVDLinear` (once) and hook the denoiser."""
         if self.attached:
             return self
-        types = (nn.Linear, nn.Conv2d) if self.include_conv1x1 else nn.Linear
+        types = (nn.Linear, nn.Conv2d) if self.include_conv1x1 or self.include_conv else nn.Linear
+        conv_ok = is_factorable_conv if self.include_conv else is_pointwise_conv
         found = [(n, m) for n, m in find_modules(self.denoiser, self.target, types=types)
-                 if isinstance(m, nn.Linear) or is_pointwise_conv(m)]
+                 if isinstance(m, nn.Linear) or conv_ok(m)]
         if not found:
-            raise ValueError(f"`target`={self.target!r} matches no Linear{' / 1x1 conv' if self.include_conv1x1 else ''}"
-                             f" layer of {type(self.denoiser).__name__}.")
+            kinds = " / conv" if self.include_conv else " / 1x1 conv" if self.include_conv1x1 else ""
+            raise ValueError(f"`target`={self.target!r} matches no Linear{kinds} layer of "
+                             f"{type(self.denoiser).__name__}.")
         for name, module in found:
             layer = mark_replaced(SVDLinear(module), "sara")
             self._originals[name] = replace_module(self.denoiser, name, layer)

@@ -1,4 +1,4 @@
-"""SVDLinear: a Linear (or 1×1 conv) with a cached SVD whose active rank is switched between calls.
+"""SVDLinear: a Linear (or a conv) with a cached SVD whose active rank is switched between calls.
 
 SARA (METHODS.md §17) keeps one SVD per layer and changes only how much of it runs:
 ``y = (x V_r)(U_r Σ_r)ᵀ + b``. At ``rank=None`` — and at any rank at or above the
@@ -6,6 +6,11 @@ break-even rank ``m n / (m + n)``, where the factor pair would cost more MACs th
 dense weight — the original layer runs unchanged, so full rank reproduces the original
 outputs bit for bit. Every call adds its exact MACs (used, and what the dense layer
 would have cost) to the layer's counters.
+
+A ``k×k`` convolution (ungrouped, zero padding) is factored as the matrix ``C_out × C_in·k·k``
+(its weight reshaped): at rank ``r`` it runs a ``k×k`` conv to ``r`` channels with ``Vᵀ_r`` (the
+stride, padding and dilation of the original) and then a pointwise map with ``U_r Σ_r`` — the
+same ``rows · r (m + n)`` MACs with ``rows`` = output pixels and ``n = C_in·k·k``.
 
 .. code-block:: python
 
@@ -24,7 +29,7 @@ from lit_lowrank.ops.lowrank import truncated_svd
 from lit_lowrank.ops.macs import linear_macs
 from lit_lowrank.ops.sara import break_even_rank, factored_macs
 
-__all__ = ["SVDLinear", "is_pointwise_conv"]
+__all__ = ["SVDLinear", "is_factorable_conv", "is_pointwise_conv"]
 
 
 def is_pointwise_conv(module: nn.Module) -> bool:
@@ -34,8 +39,13 @@ def is_pointwise_conv(module: nn.Module) -> bool:
             and module.padding_mode == "zeros")
 
 
+def is_factorable_conv(module: nn.Module) -> bool:
+    """An ungrouped ``nn.Conv2d`` with zero padding: its weight is the matrix ``C_out × C_in·k·k``."""
+    return isinstance(module, nn.Conv2d) and module.groups == 1 and module.padding_mode == "zeros"
+
+
 class SVDLinear(nn.Module):
-    """SVD-factored replacement of an ``nn.Linear`` or a pointwise ``nn.Conv2d``.
+    """SVD-factored replacement of an ``nn.Linear`` or an ungrouped ``nn.Conv2d`` (1×1 or ``k×k``).
 
     The original layer is kept as ``base`` (its parameters are shared, not copied) so
     it can be restored and runs at full rank. The factors ``us = U Σ`` ``(m, k)`` and
@@ -52,11 +62,14 @@ class SVDLinear(nn.Module):
     def __init__(self, layer: nn.Linear | nn.Conv2d) -> None:
         super().__init__()
         if isinstance(layer, nn.Linear):
-            self.pointwise = False
+            self.kind = "linear"
         elif is_pointwise_conv(layer):
-            self.pointwise = True
+            self.kind = "pointwise"
+        elif is_factorable_conv(layer):
+            self.kind = "conv"
         else:
-            raise ValueError(f"SVDLinear wraps nn.Linear or a 1x1 stride-1 nn.Conv2d, got {layer!r}.")
+            raise ValueError(f"SVDLinear wraps nn.Linear or an ungrouped zero-padded nn.Conv2d, got {layer!r}.")
+        self.pointwise = self.kind == "pointwise"
         self.base = layer
         weight = layer.weight.detach().reshape(layer.weight.shape[0], -1)
         self.out_features, self.in_features = weight.shape
@@ -88,21 +101,40 @@ class SVDLinear(nn.Module):
     def reset_macs(self) -> None:
         self.macs_used = self.macs_dense = 0
 
+    def _rows_in(self, x: Tensor) -> Tensor:
+        """The layer's input as rows of ``in_features`` (a conv's input unfolded into its patches)."""
+        if self.kind == "linear":
+            return x
+        if self.kind == "pointwise":
+            return x.movedim(1, -1)
+        conv = self.base
+        patches = F.unfold(x, conv.kernel_size, conv.dilation, conv.padding, conv.stride)  # (N, C_in k k, L)
+        return patches.transpose(1, 2)
+
     def forward(self, x: Tensor) -> Tensor:
         rank = self.rank
-        rows = x.numel() // self.in_features
+        if self.captured_inputs is not None:
+            self.captured_inputs.append(self._rows_in(x).detach())
+        if self.runs_dense(rank):
+            y = self.base(x)
+        elif self.kind == "conv":
+            conv = self.base
+            # slicing views of the cached factors: switching rank costs nothing
+            basis = self.vh[:rank].reshape(rank, *conv.weight.shape[1:])
+            h = F.conv2d(x, basis, None, conv.stride, conv.padding, conv.dilation)
+            y = F.linear(h.movedim(1, -1), self.us[:, :rank], conv.bias).movedim(-1, 1)
+        else:
+            h = x.movedim(1, -1) if self.pointwise else x
+            y = F.linear(F.linear(h, self.vh[:rank]), self.us[:, :rank], self.base.bias)
+            y = y.movedim(-1, 1) if self.pointwise else y
+        # rows = output vectors (for a strided / padded conv the output pixels, not input numel / n)
+        rows = y.numel() // self.out_features
         self.rows_seen = rows
         self.macs_dense += linear_macs(rows, self.in_features, self.out_features)
         self.macs_used += factored_macs(rows, self.out_features, self.in_features,
                                         None if self.runs_dense(rank) else rank)
-        if self.captured_inputs is not None:
-            self.captured_inputs.append((x.movedim(1, -1) if self.pointwise else x).detach())
-        if self.runs_dense(rank):
-            return self.base(x)
-        h = x.movedim(1, -1) if self.pointwise else x
-        # slicing views of the cached factors: switching rank costs nothing
-        y = F.linear(F.linear(h, self.vh[:rank]), self.us[:, :rank], self.base.bias)
-        return y.movedim(-1, 1) if self.pointwise else y
+        return y
 
     def extra_repr(self) -> str:
-        return f"{self.in_features}->{self.out_features}, full_rank={self.full_rank}, rank={self.rank}"
+        return (f"{self.kind} {self.in_features}->{self.out_features}, full_rank={self.full_rank}, "
+                f"rank={self.rank}")

@@ -133,3 +133,23 @@ def test_plain_module_and_clear_errors():
         SARA(denoiser_attr="unet").attach(plain)
     with pytest.raises(ValueError, match="target"):
         SARAController(plain.model, target="nothing_like_this").attach()
+
+
+def test_unet_convs_are_factored_exact_at_full_rank_and_restored():
+    module = _module(unet=True)
+    before = _sample(module, n=2, steps=2)
+    convs = {n: m for n, m in module.model.named_modules() if isinstance(m, nn.Conv2d)}
+    assert any(m.kernel_size == (3, 3) for m in convs.values())
+    with SARAController(module.model, include_conv=True,
+                        step_source=lambda: module.current_step_index) as sara:
+        assert set(convs) <= set(sara.layers)
+        assert {sara.layers[n].kind for n in convs} == {"conv", "pointwise"}
+        assert torch.equal(_sample(module, n=2, steps=2), before)  # full rank: the original convs run
+        assert sara.macs_ratio() == 1.0
+        sara.reset_macs()
+        sara.set_uniform(0.25)
+        truncated = _sample(module, n=2, steps=2)
+        assert 0 < sara.macs_ratio() < 0.5
+    assert not torch.equal(truncated, before)
+    assert all(module.model.get_submodule(n) is m for n, m in convs.items())
+    assert torch.equal(_sample(module, n=2, steps=2), before)

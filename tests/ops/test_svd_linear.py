@@ -43,5 +43,34 @@ def test_pointwise_conv():
     w = low_rank_approx(conv.weight.detach().reshape(12, 8), 2).reshape(12, 8, 1, 1)
     torch.testing.assert_close(layer(x), nn.functional.conv2d(x, w, conv.bias), atol=1e-5, rtol=1e-5)
     assert layer.macs_used == 2 * 25 * 2 * (8 + 12)
-    with pytest.raises(ValueError, match="1x1"):
-        SVDLinear(nn.Conv2d(8, 8, 3))
+    with pytest.raises(ValueError, match="ungrouped"):
+        SVDLinear(nn.Conv2d(8, 8, 3, groups=2))
+
+
+@pytest.mark.parametrize("stride,padding,dilation", [(1, 1, 1), (2, 1, 1), (1, 2, 2)])
+def test_kxk_conv_is_factored_as_cout_by_cin_k_k(stride, padding, dilation):
+    torch.manual_seed(3)
+    conv = nn.Conv2d(6, 10, 3, stride=stride, padding=padding, dilation=dilation)
+    x = torch.randn(2, 6, 9, 9)
+    layer = SVDLinear(conv)
+    assert (layer.out_features, layer.in_features, layer.full_rank) == (10, 54, 10)
+    reference = conv(x)
+    # full rank (and any rank above the break-even 10*54/64 = 8.4) runs the original conv bit for bit
+    assert torch.equal(layer(x), reference)
+    layer.set_rank(9)
+    assert torch.equal(layer(x), reference)
+    pixels = reference.shape[0] * reference.shape[2] * reference.shape[3]
+    assert layer.rows_seen == pixels  # output pixels, not input numel / n (stride and padding change it)
+    layer.reset_macs()
+    layer.set_rank(3)
+    w = low_rank_approx(conv.weight.detach().reshape(10, 54), 3).reshape(10, 6, 3, 3)
+    expected = nn.functional.conv2d(x, w, conv.bias, stride, padding, dilation)
+    torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=1e-5)
+    assert layer.macs_used == pixels * 3 * (54 + 10) and layer.macs_dense == pixels * 54 * 10
+    # the unfolded rows the data-aware LRAE sees reproduce the conv as a matrix product
+    layer.captured_inputs = []
+    layer.set_rank(None)
+    layer(x)
+    rows = layer.captured_inputs[0]
+    flat = rows @ conv.weight.detach().reshape(10, 54).T + conv.bias.detach()
+    torch.testing.assert_close(flat.transpose(1, 2).reshape_as(reference), reference, atol=1e-5, rtol=1e-5)
