@@ -4,12 +4,8 @@ thread only spin-waits (8x slower on a shared 2-core machine)."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _decoding_on_one_thread(one_thread):
     yield
-    torch.set_num_threads(before)

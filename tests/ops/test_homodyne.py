@@ -27,13 +27,7 @@ from lit_lowrank.ops.homodyne import (
 GRID = torch.linspace(-12.0, 12.0, 3001, dtype=torch.float64)
 DX = float(GRID[1] - GRID[0])
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # these are many tiny ops: on a loaded 2-core machine one thread is ~20x faster than two
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 

@@ -10,14 +10,7 @@ import torch
 from lit_lowrank.ops.homodyne import coherent_state, fidelity_to_pure, phase_settings, purity, sample_homodyne
 from lit_lowrank.ops.imle import bin_homodyne, imle_reconstruct
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # these are many tiny ops: on a loaded 2-core machine one thread is ~20x faster than two
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 

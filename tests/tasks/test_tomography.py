@@ -12,14 +12,7 @@ import torch
 from lit_lowrank.datamodules.homodyne import HomodyneDataModule, load_records
 from lit_lowrank.tasks import TomographyModule
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # these are many tiny ops: on a loaded 2-core machine one thread is ~20x faster than two
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 
