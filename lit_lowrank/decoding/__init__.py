@@ -17,9 +17,11 @@ from lit_lowrank.decoding.engine import (
 from lit_lowrank.decoding.spirit import (
     AgreementSearchDrafter,
     LayerSkipDrafter,
+    OfflineBayesDrafter,
     SpiritDrafter,
     calibrate_length_profile,
     pattern_matchness,
+    sequence_matchness,
     skip_sublayers,
 )
 from lit_lowrank.decoding.stable_rank import (
@@ -36,5 +38,5 @@ __all__ = [
     "RoundFeedback", "SpecBlockDrafter", "SpeculativeDecoder", "TargetLM", "plain_decode", "skip_decoder_layers",
 ]
 __all__ += ["BestOfNResult", "ResponseScorer", "StableRankReward", "best_of_n", "evaluate_pairs", "pairwise_accuracy"]
-__all__ += ["AgreementSearchDrafter", "LayerSkipDrafter", "SpiritDrafter", "calibrate_length_profile",
-            "pattern_matchness", "skip_sublayers"]
+__all__ += ["AgreementSearchDrafter", "LayerSkipDrafter", "OfflineBayesDrafter", "SpiritDrafter",
+            "calibrate_length_profile", "pattern_matchness", "sequence_matchness", "skip_sublayers"]

@@ -10,6 +10,9 @@ the target's own (greedy: identical to plain decoding; sampling: the target's di
 * :class:`LayerSkipDrafter` — a fixed pattern (the fixed-ratio baseline with a random pattern).
 * :class:`AgreementSearchDrafter` — SWIFT-style: a fixed ratio, the pattern searched by
   matchness only (the agreement-only baseline).
+* :class:`OfflineBayesDrafter` — Draft&Verify-style: the pattern at a fixed ratio searched
+  *before* decoding by Bayesian optimisation (a GP surrogate) of matchness on calibration
+  prompts, then fixed (the offline-search baseline).
 * :class:`SpiritDrafter` — stage 1 picks the skip ratio by realised, length-normalised speed
   over decode windows (successive halving); stage 2 refines the pattern at that ratio by
   matchness; an EWMA of the normalised speed detects a task shift and re-enters stage 1,
@@ -39,13 +42,23 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lit_lowrank.decoding.engine import Drafter, DraftRequest, DraftTree, RoundFeedback, TargetLM, skip_decoder_layers
+from lit_lowrank.decoding.engine import (
+    Drafter,
+    DraftRequest,
+    DraftTree,
+    RoundFeedback,
+    TargetLM,
+    plain_decode,
+    skip_decoder_layers,
+)
 from lit_lowrank.ops.spirit import (
+    BayesSearchResult,
     LengthProfile,
     ProfileStore,
     RatioSearch,
     ShiftDetector,
     SkipPattern,
+    bayesian_pattern_search,
     matchness,
     mutate_pattern,
     random_pattern,
@@ -225,12 +238,25 @@ class LayerSkipDrafter(Drafter):
         return DraftTree(tokens, torch.arange(len(out)) - 1, forwards=len(out))
 
 
+# ``search_stage`` metric: 0 = pattern fixed / monitoring, 1 = searching the ratio (stage 1) or the
+# pattern (agreement-only search), 2 = an offline search before decoding
+_STAGES = {"fixed": 0, "monitor": 0, "ratio": 1, "search": 1, "offline": 2}
+
+
 class _WindowedSkipDrafter(LayerSkipDrafter):
     """Measures realised speed over windows of ``window_tokens`` emitted tokens (between draft calls)."""
 
+    method = "spirit"  # the ``method/<name>/...`` prefix of the logged metrics
+
     def __init__(self, window_tokens: int = 32, profile: LengthProfile | None = None, match_window: int = 32,
-                 seed: int = 0, clock: Callable[[], float] | None = None, **kwargs: Any) -> None:
+                 seed: int = 0, clock: Callable[[], float] | None = None, logger: Any | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        # any Lightning ``Logger`` (CSV, W&B, TensorBoard...): duck-typed, so decoding needs no trainer
+        if logger is not None and not callable(getattr(logger, "log_metrics", None)):
+            raise ValueError(f"`logger` must be a Lightning Logger (with `log_metrics`), got {type(logger).__name__}.")
+        self.logger = logger
+        self._logged_pattern: str | None = None
         self.clock = clock or time.perf_counter  # injectable: tests drive the windows with a fake clock
         if window_tokens < 1:
             raise ValueError(f"`window_tokens` must be >= 1, got {window_tokens}.")
@@ -275,12 +301,39 @@ class _WindowedSkipDrafter(LayerSkipDrafter):
         context = w["context"] / w["tokens"]
         speed = self.profile.normalise(w["tokens"], w["seconds"], context) if self.profile else w["tokens"] / w["seconds"]
         record = {"window": len(self.history), "tokens_seen": self.tokens_seen, "speed": speed,
+                  "tokens_per_s": w["tokens"] / max(w["seconds"], 1e-12),
                   "acceptance": w["accepted"] / max(w["drafted"], 1), "tau": w["tokens"] / max(w["rounds"], 1),
                   "ratio": self.pattern.size / len(skippable_sublayers(self._num_layers(request))),
                   "pattern": self.pattern.describe()}
         self._window = {"tokens": 0, "seconds": 0.0, "context": 0.0, "rounds": 0, "accepted": 0, "drafted": 0}
         record.update(self.on_window(record, request))
         self.history.append(record)
+        if self.logger is not None:
+            self._log_window(record)
+
+    def _log_window(self, record: dict[str, Any]) -> None:
+        """Write one window's metrics under ``method/<method>/...`` at ``step=window``; the pattern as text."""
+        key = f"method/{self.method}/"
+        step = int(record["window"])
+        self.logger.log_metrics({key + "ratio": float(record["ratio"]),
+                                 key + "window_tokens_per_s": float(record["tokens_per_s"]),
+                                 key + "normalised_speed": float(record["speed"]),
+                                 key + "acceptance_length": float(record["tau"]),
+                                 key + "acceptance_rate": float(record["acceptance"]),
+                                 key + "search_stage": float(_STAGES.get(record.get("phase", "fixed"), 0)),
+                                 key + "adaptation_event": float(len(self.events))}, step=step)
+        # the pattern (text) only when it changed: W&B gets a table row, other loggers an hparam
+        pattern = self.pattern.describe()  # the pattern the next window runs with
+        if pattern != self._logged_pattern:
+            self._logged_pattern = pattern
+            if callable(getattr(self.logger, "log_text", None)):
+                layers = getattr(self, "num_layers", None)  # subclasses know it; else the window's ratio
+                ratio = self.pattern.size / len(skippable_sublayers(layers)) if layers else float(record["ratio"])
+                self.logger.log_text(key=key + "pattern", columns=["window", "ratio", "pattern"],
+                                     data=[[step, ratio, pattern]], step=step)
+            else:
+                self.logger.log_hyperparams({key + "pattern": pattern, key + "pattern_window": step})
+        self.logger.save()
 
     @staticmethod
     def _num_layers(request: DraftRequest) -> int:
@@ -359,7 +412,10 @@ class SpiritDrafter(_WindowedSkipDrafter):
         neighbourhood: grid steps around the stored ratio searched on re-adaptation.
         arm_candidates: random patterns scored by matchness when an arm is first run (best kept).
         arm_windows: windows per arm on the first successive-halving rung.
-        **kwargs: ``window_tokens``, ``profile``, ``match_window``, ``seed``, ``clock`` and
+        **kwargs: ``window_tokens``, ``profile``, ``match_window``, ``seed``, ``clock``, ``logger`` (a
+            Lightning ``Logger``: per-window ``method/spirit/{ratio, window_tokens_per_s,
+            normalised_speed, acceptance_length, acceptance_rate, search_stage, adaptation_event}``
+            at ``step=window``, the pattern as text when it changes) and
             :class:`LayerSkipDrafter` arguments.
 
     .. code-block:: python
@@ -438,3 +494,85 @@ class SpiritDrafter(_WindowedSkipDrafter):
 
     def _signature(self, request: DraftRequest) -> Tensor:
         return token_signature(request.tokens[-4 * self.match_window:])
+
+
+@torch.no_grad()
+def sequence_matchness(model: nn.Module, sequences: list[Tensor], starts: list[int], pattern: SkipPattern) -> float:
+    """Matchness of ``pattern`` on whole sequences: one parallel skipped forward each, no cache.
+
+    The fraction of positions ``t >= starts[i]`` of ``sequences[i]`` where the draft's argmax
+    after ``sequences[i][:t]`` equals ``sequences[i][t]`` (pooled over all sequences). With the
+    target's own greedy continuations as ``sequences`` this is the draft's agreement with the
+    verifier, i.e. what greedy verification accepts.
+    """
+    if len(sequences) != len(starts) or not sequences:
+        raise ValueError(f"sequence_matchness: {len(sequences)} sequences and {len(starts)} starts (equal, >= 1).")
+    hits, total = 0.0, 0
+    device = next(model.parameters()).device
+    with skip_sublayers(model, pattern):
+        for seq, start in zip(sequences, starts):
+            if not 1 <= start < seq.numel():
+                raise ValueError(f"sequence_matchness: start={start} outside 1..{seq.numel() - 1}.")
+            logits = model(input_ids=seq[None, :-1].to(device), use_cache=False).logits[0]
+            pred = logits[start - 1:].argmax(-1).cpu()
+            hits += float((pred == seq[start:]).sum())
+            total += seq.numel() - start
+    return hits / total
+
+
+class OfflineBayesDrafter(_WindowedSkipDrafter):
+    """Draft&Verify-style offline search: Bayesian optimisation of the pattern before decoding, then fixed.
+
+    :meth:`calibrate` greedy-decodes each calibration prompt with the full target and runs
+    :func:`~lit_lowrank.ops.spirit.bayesian_pattern_search` (GP surrogate, expected
+    improvement) at the fixed ``ratio``, maximising :func:`sequence_matchness` on those
+    continuations (the draft's agreement with the verifier); the winner is used for the whole
+    stream, whatever the stream does afterwards. Windows are still measured (``history``,
+    ``logger``) so it is comparable with the online drafters.
+
+    Args:
+        num_layers: decoder layers of the target.
+        ratio: the fixed skip ratio (fraction of the skippable sublayers).
+        budget / n_init: objective evaluations in all / random initial designs.
+        **kwargs: window and :class:`LayerSkipDrafter` arguments (see :class:`SpiritDrafter`).
+
+    .. code-block:: python
+
+        drafter = OfflineBayesDrafter(num_layers=12, ratio=0.45, budget=24)
+        drafter.calibrate(TargetLM(model), calibration_prompts, max_new_tokens=32)
+        out, stats = SpeculativeDecoder(TargetLM(model), drafter, budget=8).generate(prompt, 64)
+    """
+
+    def __init__(self, num_layers: int, ratio: float = 0.45, budget: int = 24, n_init: int = 6,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        skippable_sublayers(num_layers)  # validates num_layers
+        if not 1 <= n_init <= budget:
+            raise ValueError(f"OfflineBayesDrafter: expected 1 <= n_init={n_init} <= budget={budget}.")
+        self.num_layers, self.ratio, self.budget, self.n_init = num_layers, ratio, budget, n_init
+        self.result: BayesSearchResult | None = None
+        self.calibration_seconds = 0.0
+
+    def calibrate(self, target: TargetLM | nn.Module, prompts: list[Tensor], max_new_tokens: int = 32
+                  ) -> SkipPattern:
+        """Search the pattern on ``prompts`` (their greedy continuations) and fix it; returns it."""
+        if not prompts:
+            raise ValueError("OfflineBayesDrafter.calibrate: `prompts` is empty.")
+        target = target if isinstance(target, TargetLM) else TargetLM(target)
+        t0 = time.perf_counter()
+        seqs = [plain_decode(target, p, max_new_tokens)[0].cpu() for p in prompts]
+        starts = [p.numel() for p in prompts]
+        self.result = bayesian_pattern_search(
+            lambda pat: sequence_matchness(target.model, seqs, starts, pat), self.num_layers, self.ratio,
+            budget=self.budget, n_init=self.n_init, generator=self.generator)
+        self.pattern = self.result.best
+        self.calibration_seconds = time.perf_counter() - t0
+        return self.pattern
+
+    def draft(self, request: DraftRequest) -> DraftTree:
+        if self.result is None:
+            raise RuntimeError("OfflineBayesDrafter: call `calibrate(target, prompts)` before decoding.")
+        return super().draft(request)
+
+    def on_window(self, record: dict[str, Any], request: DraftRequest) -> dict[str, Any]:
+        return {"phase": "fixed"}

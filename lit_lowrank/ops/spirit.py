@@ -29,6 +29,7 @@ profile (:class:`ProfileStore`, keyed by a token-histogram signature).
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -331,3 +332,101 @@ class ProfileStore:
         if not self.entries:
             return None
         return max(self.entries, key=lambda e: float(e["signature"] @ signature))
+
+
+def pattern_features(pattern: SkipPattern, num_layers: int) -> Tensor:
+    """The pattern as a 0/1 vector over :func:`skippable_sublayers` (the surrogate's input space)."""
+    skipped = pattern.sublayers()
+    return torch.tensor([float(c in skipped) for c in skippable_sublayers(num_layers)], dtype=torch.float64)
+
+
+@dataclass
+class BayesSearchResult:
+    """What :func:`bayesian_pattern_search` found: the best evaluated pattern and every evaluation in order."""
+
+    best: SkipPattern
+    best_score: float
+    trace: list[tuple[SkipPattern, float]]
+
+
+def bayesian_pattern_search(objective: Any, num_layers: int, ratio: float, budget: int = 24, n_init: int = 6,
+                            pool: int = 128, xi: float = 0.01,
+                            generator: torch.Generator | None = None) -> BayesSearchResult:
+    """Draft&Verify-style offline Bayesian optimisation of a skip pattern at a fixed skip ratio.
+
+    A Gaussian process (scikit-learn; Matern-5/2 + white noise on the 0/1 sublayer vector,
+    normalised targets) is fitted to the patterns evaluated so far; the next pattern is the
+    expected-improvement maximiser over a candidate pool (random patterns at ``ratio`` plus
+    one-swap neighbours of the incumbent, unevaluated only). ``n_init`` random patterns start
+    it; ``budget`` objective calls in all. Deterministic given ``generator``.
+
+    Args:
+        objective: ``SkipPattern -> float`` to maximise (e.g. matchness on calibration prompts).
+        num_layers: decoder layers of the target.
+        ratio: the skip ratio every proposal has.
+        budget: objective evaluations in total (>= ``n_init`` >= 1).
+        n_init: random patterns before the surrogate is used.
+        pool: random candidates scored by the acquisition per step (plus all neighbours).
+        xi: exploration margin of expected improvement (in objective units).
+        generator: randomness for the initial and pool patterns.
+
+    .. code-block:: python
+
+        result = bayesian_pattern_search(lambda p: my_matchness(p), num_layers=12, ratio=0.45, budget=24)
+        drafter_pattern = result.best
+    """
+    import numpy as np
+    from scipy.stats import norm
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.gaussian_process import GaussianProcessRegressor
+    from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
+
+    if not 1 <= n_init <= budget:
+        raise ValueError(f"bayesian_pattern_search: expected 1 <= n_init={n_init} <= budget={budget}.")
+    if pool < 1:
+        raise ValueError(f"bayesian_pattern_search: `pool` must be >= 1, got {pool}.")
+    total = math.comb(len(skippable_sublayers(num_layers)), pattern_size(num_layers, ratio))
+    seen: dict[str, float] = {}
+    trace: list[tuple[SkipPattern, float]] = []
+
+    def evaluate(p: SkipPattern) -> None:
+        score = float(objective(p))
+        seen[p.describe()] = score
+        trace.append((p, score))
+
+    tries = 0
+    while len(trace) < min(n_init, total) and tries < 50 * n_init:  # distinct random starts
+        tries += 1
+        p = random_pattern(num_layers, ratio, generator)
+        if p.describe() not in seen:
+            evaluate(p)
+    kernel = ConstantKernel(1.0) * Matern(length_scale=2.0, nu=2.5) + WhiteKernel(1e-3, (1e-6, 1e-1))
+    while len(trace) < min(budget, total):
+        x = torch.stack([pattern_features(p, num_layers) for p, _ in trace]).numpy()
+        y = np.array([s for _, s in trace])
+        with warnings.catch_warnings():  # hyperparameters at their bounds on a few points: expected, harmless
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            gp = GaussianProcessRegressor(kernel, normalize_y=True, random_state=0).fit(x, y)
+        incumbent = max(trace, key=lambda t: t[1])[0]
+        cands: dict[str, SkipPattern] = {}
+        skipped = sorted(incumbent.sublayers())
+        kept = [c for c in skippable_sublayers(num_layers) if c not in incumbent.sublayers()]
+        for out in skipped:  # every one-swap neighbour of the incumbent: local refinement
+            for into in kept:
+                q = SkipPattern.from_sublayers((set(skipped) - {out}) | {into})
+                cands[q.describe()] = q
+        for _ in range(pool):  # random patterns: global exploration
+            q = random_pattern(num_layers, ratio, generator)
+            cands[q.describe()] = q
+        fresh = [q for key, q in cands.items() if key not in seen]
+        if not fresh:
+            break
+        xc = torch.stack([pattern_features(q, num_layers) for q in fresh]).numpy()
+        mu, sd = gp.predict(xc, return_std=True)
+        best_y = y.max()
+        sd = np.maximum(sd, 1e-12)
+        z = (mu - best_y - xi) / sd
+        ei = (mu - best_y - xi) * norm.cdf(z) + sd * norm.pdf(z)
+        evaluate(fresh[int(np.argmax(ei))])
+    best, score = max(trace, key=lambda t: t[1])
+    return BayesSearchResult(best, score, trace)

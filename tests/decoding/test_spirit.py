@@ -170,3 +170,81 @@ def test_calibrated_profile_and_errors():
         LayerSkipDrafter(draft_length=0)
     with pytest.raises(ValueError, match="num_layers"):
         SpiritDrafter(2)
+
+
+def test_spirit_logs_window_metrics_to_a_lightning_logger(tmp_path):
+    import csv
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    logger = CSVLogger(tmp_path, name="spirit")
+    target = TargetLM(tiny_target(layers=6))
+    drafter = SpiritDrafter(6, grid=(0.25, 0.5, 0.75), window_tokens=4, profile=LengthProfile(1.0),
+                            reference_windows=1, stop_confidence=0.0, clock=FakeClock(), logger=logger)
+    SpeculativeDecoder(target, drafter, budget=4).generate(PROMPT, 40)
+    with open(logger.experiment.metrics_file_path) as f:
+        rows = list(csv.DictReader(f))
+    keys = {f"method/spirit/{k}" for k in ("ratio", "window_tokens_per_s", "normalised_speed", "acceptance_length",
+                                           "search_stage", "adaptation_event")}
+    assert keys <= set(rows[0]) and len(rows) == len(drafter.history) >= 4
+    assert [int(r["step"]) for r in rows] == [h["window"] for h in drafter.history]
+    assert [float(r["method/spirit/ratio"]) for r in rows] == pytest.approx([h["ratio"] for h in drafter.history])
+    assert float(rows[-1]["method/spirit/adaptation_event"]) == len(drafter.events) >= 1
+    assert {float(r["method/spirit/search_stage"]) for r in rows} == {0.0, 1.0}  # ratio search, then monitor
+    assert "method/spirit/pattern" in logger.experiment.hparams
+    assert "method/spirit/pattern" in (tmp_path / "spirit" / "version_0" / "hparams.yaml").read_text()
+    with pytest.raises(ValueError, match="logger"):
+        SpiritDrafter(6, logger=object())
+
+
+def test_offline_bayes_drafter_calibrates_then_decodes_losslessly_with_the_searched_pattern():
+    from lit_lowrank.decoding import OfflineBayesDrafter, sequence_matchness
+
+    target = TargetLM(tiny_target(layers=6))
+    drafter = OfflineBayesDrafter(6, ratio=0.5, budget=6, n_init=3, window_tokens=4, profile=LengthProfile(1.0),
+                                  stop_confidence=0.0, clock=FakeClock())
+    engine = SpeculativeDecoder(target, drafter, budget=4)
+    with pytest.raises(RuntimeError, match="calibrate"):
+        engine.generate(PROMPT, 4)
+    prompts = [PROMPT, PROMPT.flip(0)]
+    pattern = drafter.calibrate(target, prompts, max_new_tokens=12)
+    assert len(drafter.result.trace) == 6 and pattern == drafter.result.best
+    assert pattern.size == 4  # ratio 0.5 of the 8 skippable sublayers
+    # the objective it maximised is the matchness of the full model's greedy continuations
+    seqs = [plain_decode(target, p, 12)[0] for p in prompts]
+    assert drafter.result.best_score == pytest.approx(sequence_matchness(target.model, seqs, [6, 6], pattern))
+    assert sequence_matchness(target.model, seqs, [6, 6], SkipPattern()) == 1.0
+    for prompt in prompts:
+        ref, _ = plain_decode(target, prompt, 20)
+        out, _ = engine.generate(prompt, 20)
+        assert torch.equal(out, ref)
+    assert drafter.pattern == pattern and {h["phase"] for h in drafter.history} == {"fixed"}
+
+
+def test_pattern_goes_to_log_text_where_the_logger_has_it():
+    """W&B-like loggers (with ``log_text``) get the pattern as a table row each time it changes."""
+
+    class TableLogger:
+        def __init__(self) -> None:
+            self.metrics, self.tables = [], []
+
+        def log_metrics(self, metrics, step=None):
+            self.metrics.append((step, metrics))
+
+        def log_text(self, key, columns=None, data=None, step=None):
+            self.tables.append((key, columns, data, step))
+
+        def save(self):
+            pass
+
+    logger = TableLogger()
+    target = TargetLM(tiny_target(layers=6))
+    drafter = AgreementSearchDrafter(6, ratio=0.5, window_tokens=4, profile=LengthProfile(1.0), search_windows=3,
+                                     stop_confidence=0.0, clock=FakeClock(), logger=logger)
+    SpeculativeDecoder(target, drafter, budget=4).generate(PROMPT, 30)
+    assert [s for s, _ in logger.metrics] == list(range(len(drafter.history)))
+    assert logger.tables and all(t[0] == "method/spirit/pattern" and t[1] == ["window", "ratio", "pattern"]
+                                 for t in logger.tables)
+    patterns = [t[2][0][2] for t in logger.tables]
+    assert all(a != b for a, b in zip(patterns, patterns[1:])) and patterns[-1] == drafter.pattern.describe()
+    assert all(t[2][0][1] == pytest.approx(0.5) for t in logger.tables)
