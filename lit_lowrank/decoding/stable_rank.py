@@ -37,7 +37,10 @@ __all__ = [
 ]
 
 #: Signals :meth:`ResponseScorer.signals` computes; higher is better for each.
-SIGNALS: tuple[str, ...] = ("stable_rank", "mean_log_prob", "negative_entropy", "self_certainty", "length")
+# "stable_rank_max_rank" is the length-normalised stable rank (srank / min(T, d)) from the same forward pass,
+# whatever the scorer's own `normalize`: Best-of-N and pairwise tables report it next to the raw one
+SIGNALS: tuple[str, ...] = ("stable_rank", "mean_log_prob", "negative_entropy", "self_certainty", "length",
+                            "stable_rank_max_rank")
 
 
 def _text(item: Any) -> str:
@@ -174,6 +177,8 @@ class ResponseScorer:
         result: dict[str, Tensor] = {}
         if "stable_rank" in signals:
             result["stable_rank"] = stable_rank(states, rank_mask, self.center, self.normalize).cpu()
+        if "stable_rank_max_rank" in signals:
+            result["stable_rank_max_rank"] = stable_rank(states, rank_mask, self.center, "max_rank").cpu()
         # logits[t] predicts token t+1: the logit signals read the response's tokens from the shift
         shifted_logits, targets, target_mask = logits[:, :-1], window[:, 1:], response[:, width - keep + 1:]
         if "mean_log_prob" in signals:

@@ -53,6 +53,9 @@ def test_scorer_matches_direct_stable_rank_of_the_response_rows(lm):
         expected_lp = logp.gather(-1, ids[0, n_prompt:, None]).mean()
         assert float(got["mean_log_prob"][i]) == pytest.approx(float(expected_lp), rel=1e-4)
         assert float(got["length"][i]) == len(c)
+        # the length-normalised signal: srank / min(T, d) of the same rows
+        d = model.config.hidden_size
+        assert float(got["stable_rank_max_rank"][i]) == pytest.approx(float(expected) / min(len(c), d), rel=1e-4)
     # pre-norm states differ from post-norm ones
     pre = ResponseScorer(model, tok, final_norm=False).signals(prompts, completions, ("stable_rank",))
     assert not torch.allclose(pre["stable_rank"], got["stable_rank"])
