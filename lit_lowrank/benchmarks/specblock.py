@@ -48,6 +48,7 @@ from typing import Any
 
 import torch
 
+from lit_lowrank.benchmarks._tiny_lm import load_cached, train_and_cache
 from lit_lowrank.benchmarks.harness import BenchmarkResult, claim
 from lit_lowrank.decoding import (
     EagleDrafter,
@@ -115,26 +116,9 @@ def _tiny_target(train_docs: list[list[int]], steps: int, seed: int) -> torch.nn
     path = _cache_dir() / f"tiny-target-{steps}-{seed}.pt"
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
-    if path.is_file():
-        model.load_state_dict(torch.load(path, weights_only=True))
-        return model.eval()
-    windows = _windows(train_docs, 128, 10**9)
-    opt = torch.optim.AdamW(model.parameters(), lr=5e-3, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=5e-3, total_steps=steps, pct_start=0.1)
-    g = torch.Generator().manual_seed(seed)
-    model.train()
-    for _ in range(steps):
-        batch = windows[torch.randint(0, windows.shape[0], (8,), generator=g)]
-        loss = model(input_ids=batch, labels=batch).loss
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    torch.save(model.state_dict(), tmp)
-    os.replace(tmp, path)
-    return model.eval()
+    if load_cached(model, path):
+        return model
+    return train_and_cache(model, _windows(train_docs, 128, 10**9), steps, lr=5e-3, seed=seed, path=path)
 
 
 def _train_drafter(target: torch.nn.Module, data: dict[str, torch.Tensor], steps: int, batch: int, seed: int,

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from lit_lowrank.benchmarks._tiny_lm import load_cached, train_and_cache
 from lit_lowrank.benchmarks.harness import BenchmarkResult, claim
 from lit_lowrank.decoding import (
     AgreementSearchDrafter,
@@ -79,32 +80,19 @@ def layer_drop_target(steps: int, seed: int = 0, max_ratio: float = 0.6) -> torc
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     path = _cache_dir() / f"layerdrop-target-{steps}-{seed}.pt"
-    if path.is_file():
-        model.load_state_dict(torch.load(path, weights_only=True))
-        return model.eval()
+    if load_cached(model, path):
+        return model
     stream = torch.cat([_tokens("lee", "train"), _tokens("text8", "train")])
     windows = stream[: stream.numel() // 96 * 96].view(-1, 96)
-    opt = torch.optim.AdamW(model.parameters(), lr=4e-3, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=4e-3, total_steps=steps, pct_start=0.1)
-    g = torch.Generator().manual_seed(seed)
     layers = config.num_hidden_layers
-    model.train()
-    for _ in range(steps):
-        batch = windows[torch.randint(0, windows.shape[0], (8,), generator=g)]
+
+    def random_draft(g: torch.Generator):
         pattern = None
         if torch.rand((), generator=g) < 0.5:  # half the steps train the full model, half a random draft
             pattern = random_pattern(layers, float(torch.rand((), generator=g)) * max_ratio, g)
-        with skip_sublayers(model, pattern):
-            loss = model(input_ids=batch, labels=batch).loss
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    torch.save(model.state_dict(), tmp)
-    os.replace(tmp, path)
-    return model.eval()
+        return skip_sublayers(model, pattern)
+
+    return train_and_cache(model, windows, steps, lr=4e-3, seed=seed, path=path, step_context=random_draft)
 
 
 def _prompts(corpus: str, n: int, length: int, seed: int) -> list[torch.Tensor]:
