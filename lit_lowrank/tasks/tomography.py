@@ -221,3 +221,57 @@ class TomographyModule(TaskModule):
             fig.savefig(f"{self.trainer.log_dir}/wigner_epoch{self.current_epoch}.png")
         plt.close(fig)
 
+
+
+def fit_with_restarts(
+    batch: dict[str, Any],
+    restarts: int = 1,
+    steps: int = 200,
+    lr: float = 1e-2,
+    seed: int = 0,
+    **module_kwargs: Any,
+) -> tuple[TomographyModule, list[float]]:
+    """Fit ``restarts`` independently initialised modules; keep the one with the lowest final loss.
+
+    Each restart seeds torch with ``seed + r`` and runs ``steps`` full-batch Adam steps
+    (cosine learning rate). Selection uses only the fitter's own objective, evaluated once
+    more after the last step — never the fidelity, since the true state is unknown to the
+    fitter. Restarts guard against the spurious odd-cat minimum some fits converge to.
+
+    Args:
+        batch: a full batch from :class:`~lit_lowrank.datamodules.homodyne.HomodyneDataModule`.
+        restarts: number of independent fits (≥ 1).
+        steps: Adam steps per fit.
+        lr: initial learning rate.
+        seed: seed of the first restart.
+        **module_kwargs: passed to :class:`TomographyModule` (``num_modes``, ``cutoff``, ``loss``, ...).
+
+    Returns:
+        The selected module (eval mode) and the final loss of every restart, in order.
+
+    .. code-block:: python
+
+        module, losses = fit_with_restarts(dm.batch, restarts=3, steps=200, num_modes=2, cutoff=8, loss="msw1")
+        psi = module()
+    """
+    if restarts < 1:
+        raise ValueError(f"`restarts`={restarts}, expected an integer >= 1.")
+    best: TomographyModule | None = None
+    losses: list[float] = []
+    for r in range(restarts):
+        torch.manual_seed(seed + r)
+        module = TomographyModule(**module_kwargs)
+        opt = torch.optim.Adam(module.parameters(), lr=lr)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
+        for _ in range(steps):
+            opt.zero_grad()
+            module.step(batch)["loss"].backward()
+            opt.step()
+            sched.step()
+        module.eval()
+        with torch.no_grad():
+            losses.append(float(module.step(batch)["loss"]))
+        if best is None or losses[-1] < min(losses[:-1]):
+            best = module
+    assert best is not None
+    return best, losses
