@@ -43,8 +43,12 @@ def _read_offline_run(run_file: Path) -> tuple[dict, list[dict]]:
     history: list[dict] = []
     for record in _records(run_file):
         kind = record.WhichOneof("record_type")
+        # the config arrives as its own record or, when it was set before the run record was written, inside it
         if kind == "config":
             for item in record.config.update:
+                config[item.key] = item.value_json
+        elif kind == "run":
+            for item in record.run.config.update:
                 config[item.key] = item.value_json
         elif kind == "history":
             history.append({item.key or "/".join(item.nested_key): item.value_json for item in record.history.item})
