@@ -121,28 +121,18 @@ def _tiny_target(train_docs: list[list[int]], steps: int, seed: int) -> torch.nn
     return train_and_cache(model, _windows(train_docs, 128, 10**9), steps, lr=5e-3, seed=seed, path=path)
 
 
-def _train_drafter(target: torch.nn.Module, data: dict[str, torch.Tensor], steps: int, batch: int, seed: int,
-                   draft_vocab: torch.Tensor | None, **net_kwargs: Any) -> tuple[BlockDrafterNet, dict[str, float]]:
-    cfg = target.config
-    torch.manual_seed(seed)
-    net = BlockDrafterNet(cfg.hidden_size, cfg.vocab_size, num_layers=1, num_heads=cfg.num_attention_heads,
-                          draft_vocab_size=None if draft_vocab is None else draft_vocab.numel(), **net_kwargs)
-    if draft_vocab is not None:
-        net.set_draft_vocab(draft_vocab)
-    net.init_head_from(target.get_output_embeddings().weight)
-    net.head.requires_grad_(False)  # the target's head, frozen (EAGLE)
+def _fit_on_cache(net: torch.nn.Module, data: dict[str, torch.Tensor], steps: int, batch: int, seed: int,
+                  loss_of: Any) -> tuple[Any, dict[str, float]]:
+    """The one recipe every drafter trains with on the cached target features: AdamW over the trainable
+    parameters, one-cycle lr, clipped gradients, random rows; ``loss_of(idx) -> (loss, parts)``."""
     opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=2e-3)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-3, total_steps=steps, pct_start=0.1)
-    embed = target.get_input_embeddings()
     g = torch.Generator().manual_seed(seed)
     n = data["input_ids"].shape[0]
     start, parts = time.perf_counter(), {}
     net.train()
     for _ in range(steps):
-        idx = torch.randint(0, n, (batch,), generator=g)
-        with torch.no_grad():
-            emb = embed(data["input_ids"][idx])
-        loss, parts = net.training_loss(emb, data["features"][idx].float(), data["target_ids"][idx])
+        loss, parts = loss_of(torch.randint(0, n, (batch,), generator=g))
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
@@ -153,6 +143,26 @@ def _train_drafter(target: torch.nn.Module, data: dict[str, torch.Tensor], steps
     return net.eval(), info
 
 
+def _train_drafter(target: torch.nn.Module, data: dict[str, torch.Tensor], steps: int, batch: int, seed: int,
+                   draft_vocab: torch.Tensor | None, **net_kwargs: Any) -> tuple[BlockDrafterNet, dict[str, float]]:
+    cfg = target.config
+    torch.manual_seed(seed)
+    net = BlockDrafterNet(cfg.hidden_size, cfg.vocab_size, num_layers=1, num_heads=cfg.num_attention_heads,
+                          draft_vocab_size=None if draft_vocab is None else draft_vocab.numel(), **net_kwargs)
+    if draft_vocab is not None:
+        net.set_draft_vocab(draft_vocab)
+    net.init_head_from(target.get_output_embeddings().weight)
+    net.head.requires_grad_(False)  # the target's head, frozen (EAGLE)
+    embed = target.get_input_embeddings()
+
+    def loss_of(idx: torch.Tensor):
+        with torch.no_grad():
+            emb = embed(data["input_ids"][idx])
+        return net.training_loss(emb, data["features"][idx].float(), data["target_ids"][idx])
+
+    return _fit_on_cache(net, data, steps, batch, seed, loss_of)
+
+
 def _train_medusa(target: torch.nn.Module, data: dict[str, torch.Tensor], steps: int, batch: int, seed: int,
                   depth: int) -> tuple[MedusaHeads, dict[str, float]]:
     """Medusa-1 heads on the same cached features, steps, batch and optimiser as the feature drafters."""
@@ -160,23 +170,8 @@ def _train_medusa(target: torch.nn.Module, data: dict[str, torch.Tensor], steps:
     torch.manual_seed(seed)
     heads = MedusaHeads(cfg.hidden_size, cfg.vocab_size, num_heads=depth)
     heads.init_head_from(target.get_output_embeddings().weight)
-    opt = torch.optim.AdamW(heads.parameters(), lr=2e-3)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-3, total_steps=steps, pct_start=0.1)
-    g = torch.Generator().manual_seed(seed)
-    n = data["input_ids"].shape[0]
-    start, parts = time.perf_counter(), {}
-    heads.train()
-    for _ in range(steps):
-        idx = torch.randint(0, n, (batch,), generator=g)
-        loss, parts = heads.training_loss(data["features"][idx].float(), data["target_ids"][idx])
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(heads.parameters(), 1.0)
-        opt.step()
-        sched.step()
-    info = {k: float(v) for k, v in parts.items()}
-    info["train_seconds"] = time.perf_counter() - start
-    return heads.eval(), info
+    return _fit_on_cache(heads, data, steps, batch, seed,
+                         lambda idx: heads.training_loss(data["features"][idx].float(), data["target_ids"][idx]))
 
 
 def _decode_all(target: TargetLM, methods: dict[str, Drafter | None], prompts: list[torch.Tensor], max_new: int,
