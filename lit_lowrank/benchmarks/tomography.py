@@ -4,16 +4,18 @@ State: ``|α, α⟩ + |−α, −α⟩`` (α = 1.5), simulated with cutoff 16; r
 cutoff ``N`` per mode. Phases ``kπ/P`` per mode, every pair as a setting. Two noise
 levels: ``low`` (η = 0.95) and ``high`` (η = 0.8, additive noise 0.1, LO phase drift
 0.05 rad per block). Shots ``10³, 10⁴, 10⁵``. Methods, all on the same records:
-``nn_msw1`` (the method), ``nn_sw1`` (mean-sliced ablation), ``nn_nll`` (NN + NLL) —
-the same :class:`~lit_lowrank.tasks.tomography.TomographyModule`, same seeds, steps and
-restarts (:func:`~lit_lowrank.tasks.tomography.fit_with_restarts`: plain Adam loops, the
-restart with the lowest final training loss is kept) — and ``imle`` (RρR, binned,
-:func:`~lit_lowrank.ops.imle.imle_reconstruct`).
+``nn_msw1`` (the method), ``nn_sw1`` (mean-sliced ablation, full mode only), ``nn_nll``
+(NN + NLL) — the same :class:`~lit_lowrank.tasks.tomography.TomographyModule`, same seeds,
+steps and restarts (:func:`~lit_lowrank.tasks.tomography.fit_with_restarts`: plain Adam
+loops; the restart whose records' likelihood is highest is kept — a data-only criterion,
+needed because the sliced-W1 losses of the even and odd cat fits tie to 1e-4) — and
+``imle`` (RρR, binned, :func:`~lit_lowrank.ops.imle.imle_reconstruct`). Quick mode runs
+the high-noise level only (the low-shot claim then reads that level).
 
 Rows: fidelity to the true state, reduced purity and wall seconds per method, noise and
 shot count. Claims (computed from the rows): at the largest shot count under high noise
 NN + MSW1 beats iMLE; NN + MSW1 improves from the middle to the largest shot count under
-high noise; at the lowest shot count NN + MSW1 beats NN + NLL (mean over noise levels).
+high noise; at the lowest shot count NN + MSW1 beats NN + NLL (mean over the noise levels run).
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ NN_LOSSES = ("msw1", "sw1", "nll")
 
 def fit_nn(batch: dict[str, Any], loss: str, cutoff: int, steps: int, lr: float, seed: int,
            restarts: int = 1) -> tuple[float, float]:
-    """Fit with ``restarts`` restarts (selected by final training loss); return (fidelity, purity)."""
-    module, _ = fit_with_restarts(batch, restarts=restarts, steps=steps, lr=lr, seed=seed,
+    """Fit with ``restarts`` restarts (selected by the records' likelihood); return (fidelity, purity)."""
+    module, _ = fit_with_restarts(batch, restarts=restarts, steps=steps, lr=lr, seed=seed, select="nll",
                                   num_modes=2, cutoff=cutoff, loss=loss)
     with torch.no_grad():
         psi = module().to(torch.complex128)
@@ -49,16 +51,19 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
     torch.set_num_threads(1)  # tiny ops: one thread avoids contention on shared cores
     cutoff, phases = (8, 4) if quick else (12, 6)
     shots_list = (1_000, 10_000, 100_000)
-    steps, lr = (200, 1e-2) if quick else (1500, 5e-3)
-    restarts = 3  # the same for every NN variant: selected by final training loss
+    # the max-sliced loss moves one slice per step: it needs ~600 steps where NLL needs ~200
+    steps, lr = (600, 1.5e-2) if quick else (1500, 1e-2)
+    restarts = 3  # the same for every NN variant
+    noises = {"high": NOISE["high"]} if quick else NOISE
+    nn_losses = ("msw1", "nll") if quick else NN_LOSSES
     imle_iter, imle_bins = (60, 48) if quick else (500, 64)
     rows: list[dict[str, Any]] = []
-    for noise, kwargs in NOISE.items():
+    for noise, kwargs in noises.items():
         for shots in shots_list:
             dm = HomodyneDataModule("two_mode_cat", alpha=1.5, num_phases=phases, shots=shots, seed=seed, **kwargs)
             dm.setup()
             batch = dm.batch
-            for loss in NN_LOSSES:
+            for loss in nn_losses:
                 start = time.perf_counter()
                 fid, pur = fit_nn(batch, loss, cutoff, steps, lr, seed, restarts)
                 rows.append({"method": f"nn_{loss}", "noise": noise, "shots": shots, "fidelity": round(fid, 4),
@@ -84,8 +89,8 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
         claim(f"high noise: NN+MSW1 fidelity improves from {mid} to {top} shots",
               fid("nn_msw1", "high", top) - fid("nn_msw1", "high", mid), 0.0, ">"),
         claim(f"{low} shots: fidelity NN+MSW1 - NN+NLL > 0 (mean over noise levels)",
-              sum(fid("nn_msw1", n, low) - fid("nn_nll", n, low) for n in NOISE) / len(NOISE), 0.0, ">"),
+              sum(fid("nn_msw1", n, low) - fid("nn_nll", n, low) for n in noises) / len(noises), 0.0, ">"),
     ]
-    return BenchmarkResult(rows, claims, notes={"cutoff": cutoff, "phases_per_mode": phases, "steps": steps, "restarts": restarts,
+    return BenchmarkResult(rows, claims, notes={"cutoff": cutoff, "phases_per_mode": phases, "steps": steps, "restarts": restarts, "restart_selection": "records' NLL",
                                                 "imle_iterations": imle_iter, "alpha": 1.5,
                                                 "max_fidelity_note": "truncation at the cutoff bounds fidelity"})

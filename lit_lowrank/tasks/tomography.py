@@ -132,8 +132,22 @@ class TomographyModule(TaskModule):
         """Projected empirical CDFs of the records ``(S, K, T)`` (cached per batch)."""
         x, mask = batch["x"], batch.get("mask")
         weights = torch.ones(x.shape[:2], device=x.device) if mask is None else mask.float()
-        return self._cached("data_cdf", self._key(x), lambda: projected_cdf(x.float(), weights, self.directions,
-                                                                           self.t_edges))
+        return self._cached("data_cdf", self._key(x), lambda: projected_cdf(self.snap_to_grid(x), weights,
+                                                                           self.directions, self.t_edges))
+
+    def snap_to_grid(self, x: Tensor) -> Tensor:
+        """Records moved to their nearest model-grid point (clamped to ``[−L, L]``).
+
+        The model density lives on grid points, so its projected CDF is a staircase; against
+        raw records that alone costs ``W1 ≈ h/4`` per axis slice (``h`` the grid step, 0.056
+        at the defaults) — a floor the max over slices then chases instead of the state.
+        Quantising the records on the same grid removes it (both sides see the same
+        quantisation; the loss stays a consistent estimator as ``h → 0``).
+        """
+        grid = self.grid
+        step = (grid[-1] - grid[0]) / (grid.numel() - 1)
+        index = torch.round((x.to(grid.dtype) - grid[0]) / step).clamp(0, grid.numel() - 1).long()
+        return grid[index]
 
     def slice_distances(self, psi: Tensor, batch: dict[str, Any]) -> Tensor:
         """W1 per setting and direction ``(S, K)``."""
@@ -229,14 +243,19 @@ def fit_with_restarts(
     steps: int = 200,
     lr: float = 1e-2,
     seed: int = 0,
+    select: str = "loss",
     **module_kwargs: Any,
 ) -> tuple[TomographyModule, list[float]]:
-    """Fit ``restarts`` independently initialised modules; keep the one with the lowest final loss.
+    """Fit ``restarts`` independently initialised modules; keep the best by a data-only criterion.
 
     Each restart seeds torch with ``seed + r`` and runs ``steps`` full-batch Adam steps
     (cosine learning rate). Selection uses only the fitter's own objective, evaluated once
     more after the last step — never the fidelity, since the true state is unknown to the
     fitter. Restarts guard against the spurious odd-cat minimum some fits converge to.
+    ``select="nll"`` ranks restarts by the records' negative log-likelihood instead: the
+    sliced-W1 losses barely see the interference fringes that tell ``|α,α⟩ ± |−α,−α⟩``
+    apart (both parities reach the same max-sliced W1 to 1e-4 on noisy records), while
+    the likelihood separates them by ~0.025 nats per record.
 
     Args:
         batch: a full batch from :class:`~lit_lowrank.datamodules.homodyne.HomodyneDataModule`.
@@ -244,10 +263,11 @@ def fit_with_restarts(
         steps: Adam steps per fit.
         lr: initial learning rate.
         seed: seed of the first restart.
+        select: ``"loss"`` (the fit's own objective) or ``"nll"`` (records' likelihood).
         **module_kwargs: passed to :class:`TomographyModule` (``num_modes``, ``cutoff``, ``loss``, ...).
 
     Returns:
-        The selected module (eval mode) and the final loss of every restart, in order.
+        The selected module (eval mode) and the selection criterion of every restart, in order.
 
     .. code-block:: python
 
@@ -256,6 +276,8 @@ def fit_with_restarts(
     """
     if restarts < 1:
         raise ValueError(f"`restarts`={restarts}, expected an integer >= 1.")
+    if select not in ("loss", "nll"):
+        raise ValueError(f"`select`={select!r}, expected 'loss' or 'nll'.")
     best: TomographyModule | None = None
     losses: list[float] = []
     for r in range(restarts):
@@ -270,7 +292,7 @@ def fit_with_restarts(
             sched.step()
         module.eval()
         with torch.no_grad():
-            losses.append(float(module.step(batch)["loss"]))
+            losses.append(float(module.step(batch)["loss"] if select == "loss" else module.nll(module(), batch)))
         if best is None or losses[-1] < min(losses[:-1]):
             best = module
     assert best is not None

@@ -81,6 +81,32 @@ def test_restarts_keep_the_fit_with_the_lowest_final_loss(loss):
         fit_with_restarts(dm.batch, restarts=0, **kwargs)
 
 
+def test_true_state_has_no_grid_floor_in_the_sliced_loss():
+    # the model density sits on grid points; unquantised records would leave W1 ≈ h/4 = 0.056
+    # on every slice even for the true state with unlimited shots
+    dm = HomodyneDataModule("coherent", alpha=1.0, num_phases=2, shots=200_000, seed=0)
+    dm.setup()
+    module = TomographyModule(num_modes=1, cutoff=10, loss="msw1")
+    truth = dm.batch["true_state"][:10] / torch.linalg.vector_norm(dm.batch["true_state"][:10])
+    slices = module.slice_distances(truth, dm.batch)
+    assert float(slices.max()) < 0.015
+    snapped = module.snap_to_grid(torch.tensor([[-9.0, -0.05, 0.12, 9.0]]))
+    step = float(module.grid[1] - module.grid[0])
+    assert snapped.tolist()[0][0] == pytest.approx(-7.0) and snapped.tolist()[0][-1] == pytest.approx(7.0)
+    assert (snapped - torch.tensor([[-7.0, -0.05, 0.12, 7.0]])).abs()[0, 1:3].max() <= step / 2 + 1e-6
+
+
+def test_restarts_can_be_selected_by_likelihood():
+    dm = HomodyneDataModule("coherent", alpha=1.2, num_phases=4, shots=2000, seed=0)
+    dm.setup()
+    kwargs = dict(num_modes=1, cutoff=6, loss="msw1", hidden_size=16)
+    module, nlls = fit_with_restarts(dm.batch, restarts=3, steps=5, lr=2e-2, seed=7, select="nll", **kwargs)
+    with torch.no_grad():
+        assert float(module.nll(module(), dm.batch)) == pytest.approx(min(nlls), rel=1e-6)
+    with pytest.raises(ValueError, match="select"):
+        fit_with_restarts(dm.batch, select="fidelity", **kwargs)
+
+
 def test_losses_are_differentiable_and_slices_shaped():
     dm = HomodyneDataModule("two_mode_cat", num_phases=2, shots=400, seed=1)
     dm.setup()
