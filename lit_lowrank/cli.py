@@ -31,8 +31,8 @@ def _import_components() -> None:
 
     # submodules explicitly: jsonargparse resolves short names among *imported* subclasses
     for name in ("callbacks", "tasks", "datamodules.images", "datamodules.text", "datamodules.graphs",
-                 "datamodules.domain_shift", "quant",
-                 "datamodules.prompts", "datamodules.homodyne", "datamodules.mnist"):
+                 "datamodules.domain_shift", "quant", "adapters",
+                 "datamodules.prompts", "datamodules.homodyne", "datamodules.mnist", "datamodules.fewshot", "datamodules.replay"):
         importlib.import_module(f"lit_lowrank.{name}")
 
 

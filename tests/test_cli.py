@@ -18,7 +18,7 @@ def test_help_lists_extra_commands(capsys):
 def test_methods_prints_the_registry(capsys):
     assert main(["methods"]) == 0
     out = capsys.readouterr().out
-    assert "stac_r" in out and "specdrop" in out and "planned" in out
+    assert "stac_r" in out and "specdrop" in out and "implemented" in out
 
 
 def test_print_config_resolves_short_names(capsys, repo_root):

@@ -132,7 +132,11 @@ def _planned(name: str, title: str, kind: InjectionKind, tasks: tuple[str, ...],
 
 
 # One line per method. A method issue replaces its line with a full MethodSpec.
-_planned("fb_temporal", "Forward-backward representations with temporal abstraction", "engine", ("rl",), 17)
+register_method(MethodSpec(
+    "fb_temporal", "Forward-backward representations with temporal abstraction", "engine", ("rl",), 17,
+    component="lit_lowrank.tasks.FBModule", config="configs/rl/fb_temporal_gridworld.yaml",
+    baseline_config="configs/rl/fb_gridworld_k1.yaml", benchmark="fb_temporal",
+))
 register_method(MethodSpec(
     "specdrop", "SpecDrop fixed parameter-free branch routing", "mixin", ("classification", "language_model"), 4,
     component="lit_lowrank.mixins.SpecDropBranches", config="configs/classification/specdrop_digits.yaml",
@@ -149,7 +153,11 @@ register_method(MethodSpec(
     component="lit_lowrank.tasks.TomographyModule", config="configs/tomography/nn_qst_two_mode_cat.yaml",
     baseline_config="configs/tomography/nn_nll_two_mode_cat.yaml", benchmark="tomography",
 ))
-_planned("fed_lowshot", "Federated low-shot intrusion detection with a prior bank", "engine", ("fewshot",), 20)
+register_method(MethodSpec(
+    "fed_lowshot", "Federated low-shot intrusion detection with a prior bank", "engine", ("fewshot",), 20,
+    component="lit_lowrank.federated.FedLowShotModule", config="configs/fewshot/fed_lowshot_flows.yaml",
+    baseline_config="configs/fewshot/fedavg_protonet_flows.yaml", benchmark="federated_ids",
+))
 register_method(MethodSpec(
     "castor", "Castor self-tuning graph filter with routing and momentum", "op", ("graph",), 16,
     component="lit_lowrank.models.Castor", config="configs/graph/castor_csbm.yaml",
@@ -160,13 +168,22 @@ register_method(MethodSpec(
     component="lit_lowrank.tasks.CAMELModule", config="configs/diffusion/camel_digits.yaml",
     baseline_config="configs/diffusion/camel_novelty_digits.yaml", benchmark="camel",
 ))
-_planned("polar_vbll", "PoLAR adapters with a variational Bayesian last layer", "adapter", ("classification", "language_model"), 6)
+register_method(MethodSpec(
+    "polar_vbll", "PoLAR adapters with a variational Bayesian last layer", "adapter", ("classification", "language_model"),
+    6, component="lit_lowrank.adapters.polar_vbll.PoLARVBLL", config="configs/classification/polar_vbll_digits.yaml",
+    baseline_config="configs/classification/polar_vbll_lora_mle_digits.yaml", benchmark="polar_vbll", structural=True,
+))
 register_method(MethodSpec(
     "safecut", "SafeCut cut-statistic gated mutual correction (SFDA)", "callback", ("classification",), 8,
     component="lit_lowrank.callbacks.SafeCut", config="configs/classification/safecut_digits.yaml",
     baseline_config="configs/classification/shot_digits.yaml", benchmark="safecut", stateful=True,
 ))
-_planned("sama", "SaMA relaxed-Kronecker adapter", "adapter", ("classification", "language_model"), 5)
+register_method(MethodSpec(
+    "sama", "SaMA relaxed-Kronecker adapter", "adapter", ("classification", "language_model"), 5,
+    component="lit_lowrank.adapters.SaMALinear", config="configs/classification/sama_minilm_tweets.yaml",
+    baseline_config="configs/classification/lora_minilm_tweets.yaml", benchmark="lora_variants", structural=True,
+    ddp=True, extra={"injector": "lit_lowrank.adapters.AdapterInjector", "ops": "lit_lowrank.ops.sama"},
+))
 register_method(MethodSpec(
     "stac_r", "STAC-R saved-activation compression with SSP", "callback", ("classification", "language_model"), 3,
     component="lit_lowrank.callbacks.STACR", config="configs/language_model/stac_r_gpt.yaml",
@@ -188,8 +205,17 @@ register_method(MethodSpec(
     component="lit_lowrank.quant.SPHQuantizer", config="configs/language_model/sphquant_tiny_llama.yaml",
     baseline_config="configs/language_model/sphquant_rtn_tiny_llama.yaml", benchmark="sphquant", structural=True,
 ))
-_planned("sds_lora", "SDS-LoRA singular-direction-scaled LoRA gradients", "adapter", ("classification", "language_model"), 5)
-_planned("sd_lora", "SD-LoRA structural distillation for few-shot CLIP", "adapter", ("fewshot",), 7)
+register_method(MethodSpec(
+    "sds_lora", "SDS-LoRA singular-direction-scaled LoRA gradients", "adapter", ("classification", "language_model"), 5,
+    component="lit_lowrank.adapters.SDSLoraLinear", config="configs/classification/sds_lora_minilm_tweets.yaml",
+    baseline_config="configs/classification/lora_minilm_tweets.yaml", benchmark="lora_variants", structural=True,
+    ddp=True, extra={"injector": "lit_lowrank.adapters.AdapterInjector"},
+))
+register_method(MethodSpec(
+    "sd_lora", "SD-LoRA structural distillation for few-shot CLIP", "adapter", ("fewshot",), 7,
+    component="lit_lowrank.adapters.SDLoRA", config="configs/fewshot/sd_lora_digits.yaml",
+    baseline_config="configs/fewshot/clip_lora_digits.yaml", benchmark="sd_lora", stateful=True,
+))
 register_method(MethodSpec(
     "sara", "SARA step-adaptive SVD rank for diffusion inference", "callback", ("diffusion",), 14,
     component="lit_lowrank.callbacks.SARA", config="configs/diffusion/sara_dp_digits.yaml",
@@ -200,4 +226,10 @@ register_method(MethodSpec(
     component="lit_lowrank.ops.rubiconv.packed_long_conv", config="configs/language_model/rubiconv_hyena.yaml",
     baseline_config="configs/language_model/rubiconv_hyena_leaky.yaml", benchmark="rubiconv",
 ))
-_planned("moe_quant", "MoE MXFP4 QAT with routing replay and load-aware compensation", "callback", ("language_model",), 13)
+register_method(MethodSpec(
+    "moe_quant", "MoE MXFP4 QAT with routing replay and load-aware compensation", "callback", ("language_model",), 13,
+    component="lit_lowrank.callbacks.MoEQuantQAT", config="configs/language_model/moe_quant_qwen3_moe.yaml",
+    baseline_config="configs/language_model/moe_quant_noreplay_uniform_qwen3_moe.yaml", benchmark="moe_quant",
+    structural=True,
+    extra={"components": ["lit_lowrank.callbacks.MoEQuantQAT", "lit_lowrank.callbacks.RoutingReplay"]},
+))

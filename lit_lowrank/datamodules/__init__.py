@@ -38,9 +38,12 @@ _EXPORTS = {
     "CIFARDataModule": "images",
     "DigitsDataModule": "images",
     "HomodyneDataModule": "homodyne",
+    "FewShotDigitsDataModule": "fewshot",
+    "CoOpFewShotDataModule": "fewshot",
     "ImageFolderDataModule": "images",
     "MNISTDataModule": "mnist",
     "PackedTextDataModule": "text",
+    "ReplayDataModule": "replay",
     "TextClassificationDataModule": "text",
     "ShiftedDigitsDataModule": "domain_shift",
     "DomainFolderDataModule": "domain_shift",
@@ -49,6 +52,9 @@ _EXPORTS = {
     "get_tokenizer": "tokenizers",
 }
 __all__ = [
+    "ReplayDataModule",
+    "FewShotDigitsDataModule",
+    "CoOpFewShotDataModule",
     "HomodyneDataModule",
     "MNISTDataModule",
     "ShiftedDigitsDataModule",

@@ -68,6 +68,12 @@ def get_tokenizer(name: str) -> Any:
         from lit_lowrank.models.pretrained import load_smollm2_tokenizer
 
         return load_smollm2_tokenizer()
+    if name == "minilm":  # the offline all-MiniLM-L6-v2 tokenizer (WordPiece, [PAD] = 0)
+        from transformers import AutoTokenizer
+
+        from lit_lowrank.models.pretrained import minilm_path
+
+        return AutoTokenizer.from_pretrained(minilm_path(), local_files_only=True)
     path = require_path(
         name, "tokenizer", "a local Hugging Face tokenizer folder",
         "use 'byte', 'smollm2' or the path of a folder saved with save_pretrained",

@@ -60,6 +60,7 @@ from lit_lowrank.models.resnet_cifar import (
     resnet56_cifar,
     resnet110_cifar,
 )
+from lit_lowrank.models.sentence_encoder import minilm as _minilm
 from lit_lowrank.models.small import MLP, SmallCNN, TokenBagEncoder, cnn_small, mlp, token_bag
 
 __all__ = [
@@ -95,6 +96,12 @@ GRAPH_MODELS: dict[str, type[nn.Module]] = {
     "appnp": APPNPNet, "sgc": SGCNet, "chebnet": ChebNet, "gcnii": GCNIINet, "fagcn": FAGCNNet, "mixhop": MixHopNet,
 }
 
+def _mc_lm(in_chans: int = 3, **kwargs: Any) -> nn.Module:
+    from lit_lowrank.models.mc_lm import mc_lm  # transformers is imported only when this backbone is built
+
+    return mc_lm(in_chans, **kwargs)
+
+
 #: Our own backbones: name -> builder returning a feature extractor with ``num_features``.
 BACKBONES: dict[str, Callable[..., nn.Module]] = {
     "resnet20_cifar": resnet20_cifar,
@@ -104,6 +111,8 @@ BACKBONES: dict[str, Callable[..., nn.Module]] = {
     "mlp": mlp,
     "cnn_small": cnn_small,
     "token_bag": token_bag,
+    "minilm": _minilm,  # the offline pretrained sentence encoder (token ids -> 384 features)
+    "mc_lm": _mc_lm,  # a causal LM scoring multiple-choice prompts (models/mc_lm.py; head over the options)
 }
 
 

@@ -8,6 +8,14 @@ from lit_lowrank.ops.castor import (
     router_mass_by_homophily,
     router_probabilities,
 )
+from lit_lowrank.ops.fb import (
+    fb_loss,
+    orthonormality_loss,
+    sr_effective_rank,
+    successor_measure,
+    value_error_bound,
+    zero_shot_z,
+)
 from lit_lowrank.ops.grad_cosine import GradientCosine, gradient_cosine
 from lit_lowrank.ops.graph_propagation import as_edge_index, local_homophily, normalized_adjacency
 from lit_lowrank.ops.grpo import group_advantages, grpo_loss
@@ -23,7 +31,16 @@ from lit_lowrank.ops.lowrank import (
     truncated_svd,
 )
 from lit_lowrank.ops.macs import conv_macs, count_macs, linear_macs
+from lit_lowrank.ops.mxfp4 import mxfp4_bits, mxfp4_decode, mxfp4_encode, mxfp4_fake_quant, mxfp4_quantize
 from lit_lowrank.ops.packing import block_causal_mask, cu_seqlens_from_doc_ids, position_ids_from_doc_ids
+from lit_lowrank.ops.polar import (
+    landing_direction,
+    orthogonality_error,
+    polar_delta_weight,
+    polar_init_,
+    polar_stable_rank,
+    shorten_to_safe_region,
+)
 from lit_lowrank.ops.quantization import (
     BitsBreakdown,
     gptq_quantize,
@@ -33,6 +50,7 @@ from lit_lowrank.ops.quantization import (
     uniform_dequantize,
     unpack_fields,
 )
+from lit_lowrank.ops.rank_allocation import allocate_ranks, uniform_ranks, weighted_residual_energy
 from lit_lowrank.ops.rubiconv import (
     RubiConvPlan,
     cu_seqlens_for_rows,
@@ -40,6 +58,17 @@ from lit_lowrank.ops.rubiconv import (
     packed_long_conv_reference,
     packed_short_conv,
     plan_packed_conv,
+)
+from lit_lowrank.ops.sama import (
+    SaMAShape,
+    lora_budget,
+    sama_apply,
+    sama_delta_weight,
+    sama_init,
+    sama_matched_to_lora,
+    sama_min_parameters,
+    sama_rank_report,
+    sama_shape,
 )
 from lit_lowrank.ops.sara import (
     break_even_rank,
@@ -54,6 +83,14 @@ from lit_lowrank.ops.sara import (
 )
 from lit_lowrank.ops.saved_surface import SurfaceReport, saved_surface
 from lit_lowrank.ops.saved_tensors import SavedTensorCounter, measure_saved_bytes
+from lit_lowrank.ops.sds_lora import (
+    SDSLoRAFunction,
+    lora_factor_grads,
+    orthonormal_basis,
+    sds_factor_grads,
+    sds_lora_delta,
+    sign_canonical_qr,
+)
 from lit_lowrank.ops.sequence_signals import mean_log_prob, negative_entropy, self_certainty
 from lit_lowrank.ops.sliced_wasserstein import sliced_wasserstein_1, wasserstein_1d
 from lit_lowrank.ops.specdrop import (
@@ -112,6 +149,8 @@ __all__ += ["BitsBreakdown", "gptq_quantize", "hadamard_rotate", "pack_fields", 
             "positive_orthant_kmeans", "sph_dequantize", "sph_quantize"]
 __all__ += ["group_advantages", "grpo_loss", "mean_log_prob", "negative_entropy", "self_certainty", "stable_rank"]
 __all__ += ["adapt_appraiser", "basin_distance", "camel_reward", "classification_loss", "ddim_sample"]
+__all__ += ["fb_loss", "orthonormality_loss", "sr_effective_rank", "successor_measure", "value_error_bound",
+            "zero_shot_z"]
 __all__ += [
     "CostAwareUpdateBandit", "UPDATE_ARMS", "greedy_tree_accept", "rank_bucket_targets", "rank_probabilities",
     "recursive_rejection_sample", "sampling_tree_accept", "tree_attention_mask", "tree_position_ids",
@@ -123,3 +162,13 @@ __all__ += [
     "conv_macs", "count_macs", "effective_rank_of", "linear_macs", "low_rank_approx", "low_rank_factors",
     "rank_for_energy", "singular_values", "stable_rank_of", "truncated_svd",
 ]
+__all__ += ["SaMAShape", "lora_budget", "sama_apply", "sama_delta_weight", "sama_init", "sama_matched_to_lora",
+            "sama_min_parameters", "sama_rank_report", "sama_shape"]
+__all__ += [
+    "allocate_ranks", "mxfp4_bits", "mxfp4_decode", "mxfp4_encode", "mxfp4_fake_quant", "mxfp4_quantize",
+    "uniform_ranks", "weighted_residual_energy",
+]
+__all__ += ["landing_direction", "orthogonality_error", "polar_delta_weight", "polar_init_", "polar_stable_rank",
+            "shorten_to_safe_region"]
+__all__ += ["SDSLoRAFunction", "lora_factor_grads", "orthonormal_basis", "sds_factor_grads", "sds_lora_delta",
+            "sign_canonical_qr"]

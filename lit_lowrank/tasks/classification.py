@@ -17,6 +17,7 @@ from lit_lowrank.mixins.specdrop import (
     specdrop_aux_loss,
     specdrop_category,
 )
+from lit_lowrank.ops.calibration import OODAUROC, MulticlassBrierScore, MulticlassNLL
 from lit_lowrank.tasks.base import TaskModule
 
 
@@ -86,7 +87,9 @@ class ClassificationModule(TaskModule):
                 "(the width of the features it returns)."
             )
         self.backbone = backbone
-        self.head = nn.Linear(num_features, num_classes)
+        # a backbone may supply its head's initialisation (MultipleChoiceLM: the LM's rows of the option letters)
+        make_head = getattr(backbone, "make_head", None)
+        self.head = make_head(num_classes) if callable(make_head) else nn.Linear(num_features, num_classes)
         if branches is not None:
             apply_specdrop(self, **branches)
         self.label_smoothing = label_smoothing
@@ -94,6 +97,10 @@ class ClassificationModule(TaskModule):
         metric = lambda: torchmetrics.Accuracy(task="multiclass", num_classes=num_classes)  # noqa: E731
         self.train_acc, self.val_acc, self.test_acc = metric(), metric(), metric()
         self.val_ece = torchmetrics.CalibrationError(task="multiclass", num_classes=num_classes, n_bins=15, norm="l1")
+        # calibration (NLL, Brier; test ECE) and OOD AUROC (extra val loaders = OOD sets), ops/calibration.py
+        self.val_nll, self.val_brier, self.val_ood_auroc = MulticlassNLL(), MulticlassBrierScore(), OODAUROC()
+        self.test_ece = torchmetrics.CalibrationError(task="multiclass", num_classes=num_classes, n_bins=15, norm="l1")
+        self.test_nll, self.test_brier = MulticlassNLL(), MulticlassBrierScore()
         if weights_path is not None:
             self._load_weights(weights_path)
 
@@ -153,17 +160,39 @@ class ClassificationModule(TaskModule):
         self.log_split("train", values, batch_size=batch["x"].shape[0])
         return loss
 
-    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+    def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Validation metrics; with several val loaders, loaders after the first are OOD sets (``val/ood_auroc``)."""
+        if dataloader_idx > 0:  # an OOD set: its labels (if any) are not the task's; only the OOD score counts
+            with specdrop_category(self, batch.get("category")):
+                probs = self(batch["x"]).softmax(-1)
+            self.val_ood_auroc.update(probs, True)
+            self.log("val/ood_auroc", self.val_ood_auroc, on_step=False, on_epoch=True, add_dataloader_idx=False,
+                     batch_size=probs.shape[0])
+            return
         outputs = self.step(batch)
+        probs = outputs["logits"].softmax(-1)
         self.val_acc(outputs["logits"], batch["y"])
-        self.val_ece(outputs["logits"].softmax(-1), batch["y"])
-        self.log_split("val", {"loss": outputs["loss"], "acc": self.val_acc, "ece": self.val_ece},
-                       batch_size=batch["y"].numel())
+        self.val_ece(probs, batch["y"])
+        self.val_nll(probs, batch["y"])
+        self.val_brier(probs, batch["y"])
+        if self._has_ood_loaders():
+            self.val_ood_auroc.update(probs, False)
+        self.log_split("val", {"loss": outputs["loss"], "acc": self.val_acc, "ece": self.val_ece,
+                               "nll": self.val_nll, "brier": self.val_brier}, batch_size=batch["y"].numel())
+
+    def _has_ood_loaders(self) -> bool:
+        loaders = getattr(self._trainer, "val_dataloaders", None) if self._trainer is not None else None
+        return isinstance(loaders, (list, tuple)) and len(loaders) > 1
 
     def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         outputs = self.step(batch)
+        probs = outputs["logits"].softmax(-1)
         self.test_acc(outputs["logits"], batch["y"])
-        self.log_split("test", {"loss": outputs["loss"], "acc": self.test_acc}, batch_size=batch["y"].numel())
+        self.test_ece(probs, batch["y"])
+        self.test_nll(probs, batch["y"])
+        self.test_brier(probs, batch["y"])
+        self.log_split("test", {"loss": outputs["loss"], "acc": self.test_acc, "ece": self.test_ece,
+                                "nll": self.test_nll, "brier": self.test_brier}, batch_size=batch["y"].numel())
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         return self(batch["x"], batch.get("category")).softmax(-1)

@@ -156,12 +156,97 @@ def sphquant_case() -> ContractCase:
     )
 
 
+def _adapter_case(method: str) -> ContractCase:
+    """An ``AdapterInjector`` variant on the plain classifier and the task module's MLP.
+
+    One pattern for both modules: the plain module's ``body.1`` and the task module's first MLP layer. Rank 4
+    (for SaMA: the parameter budget of a rank-4 LoRA, spent on the highest-rank relaxed-Kronecker shape).
+    """
+    from lit_lowrank.adapters import AdapterDiagnostics, AdapterInjector, inject_adapters
+    from lit_lowrank.tasks import ClassificationModule
+    from tests.methods.plain import PlainUserClassifier
+
+    kwargs = {"method": method, "target_modules": r"(body\.1|backbone\.layers\.0)$", "rank": 4, "alpha": 8,
+              "modules_to_save": r"head$"}
+    return ContractCase(
+        name=method,
+        make_callbacks=lambda: [AdapterInjector(**kwargs), AdapterDiagnostics(every_n_steps=2)],
+        make_module=PlainUserClassifier,
+        make_data=_digits,
+        apply=lambda m: inject_adapters(m, **kwargs),
+        make_task_module=lambda: ClassificationModule("mlp", num_classes=10, in_chans=1,
+                                                      backbone_kwargs={"in_features": 64, "hidden_sizes": [32]}),
+        structural=True, ddp=True,
+    )
+
+
+def sds_lora_case() -> ContractCase:
+    return _adapter_case("sds_lora")
+
+
+def sama_case() -> ContractCase:
+    return _adapter_case("sama")
+
+
+def polar_vbll_case() -> ContractCase:
+    from lit_lowrank.adapters.polar_vbll import PoLARVBLL, apply_polar_vbll
+    from lit_lowrank.tasks import ClassificationModule
+    from tests.methods.plain import PlainUserClassifier
+
+    target = r"(body\.1|backbone\.layers\.0)$"  # the plain module's and the task module's first Linear
+    return ContractCase(
+        name="polar_vbll",
+        make_callbacks=lambda: [PoLARVBLL(target_modules=target, rank=4,
+                                          phases=[{"train": ["adapter"], "steps": 1}, {"train": ["head"], "steps": 1}])],
+        make_module=PlainUserClassifier,
+        make_data=_digits,
+        apply=lambda m: apply_polar_vbll(m, num_train=100, target_modules=target, rank=4),
+        make_task_module=lambda: ClassificationModule("mlp", num_classes=10, in_chans=1,
+                                                      backbone_kwargs={"in_features": 64, "hidden_sizes": [32]}),
+        structural=True,
+    )
+
+
+def moe_quant_case() -> ContractCase:
+    from lit_lowrank.callbacks import MoEQuantQAT, RoutingReplay
+    from lit_lowrank.datamodules.text import PackedTextDataModule
+    from tests.callbacks.moe_plain import PlainUserMoELM
+
+    # structural (experts swapped in setup) but the generic reload test feeds batch["x"]; the
+    # CausalLMModule reload and idempotence are tested in tests/quant/test_moe.py
+    return ContractCase(
+        name="moe_quant",
+        make_callbacks=lambda: [MoEQuantQAT(avg_rank=2, calibration_batches=1), RoutingReplay()],
+        make_module=PlainUserMoELM,
+        make_data=lambda: PackedTextDataModule(seq_len=32, batch_size=2, max_documents=8),
+    )
+
+
+def sd_lora_case() -> ContractCase:
+    from lit_lowrank.adapters.sd_lora import SDLoRA
+    from lit_lowrank.datamodules.fewshot import FewShotDigitsDataModule
+    from tests.adapters.sd_lora_plain import PlainFewShotCLIP
+
+    return ContractCase(
+        name="sd_lora",
+        make_callbacks=lambda: [SDLoRA(teacher_warmup_steps=2)],  # the teacher lives in the callback's state
+        make_module=PlainFewShotCLIP,
+        make_data=lambda: FewShotDigitsDataModule(shots=2, repeats=2, batch_size=5),
+        stateful=True,
+    )
+
+
 #: method name -> case factory. The reference method is always present so the suite is
 #: exercised before (and besides) the real methods.
 CASES: dict[str, Callable[[], ContractCase]] = {
+    "moe_quant": moe_quant_case,
     "reference": reference_case,
+    "polar_vbll": polar_vbll_case,
     "safecut": safecut_case,
+    "sama": sama_case,
     "sara": sara_case,
+    "sd_lora": sd_lora_case,
+    "sds_lora": sds_lora_case,
     "specdrop": specdrop_case,
     "sphquant": sphquant_case,
     "stac_r": stac_r_case,

@@ -18,6 +18,11 @@ EXAMPLES = {
     "mlp": ({"in_features": 192}, torch.randn(2, 3, 8, 8)),
     "cnn_small": ({}, torch.randn(2, 3, 8, 8)),
     "token_bag": ({"vocab_size": 20}, torch.randint(0, 20, (2, 7))),
+    "minilm": ({"num_layers": 1}, torch.randint(1, 1000, (2, 7))),  # the offline pretrained sentence encoder
+    "mc_lm": ({"pretrained": None, "model_config": {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
+                                                     "num_hidden_layers": 1, "num_attention_heads": 2,
+                                                     "num_key_value_heads": 2, "vocab_size": 258}},
+              torch.tensor([[5, 6, 7, -1, -1, -1, -1], [1, 2, 3, 4, 5, 6, 7]])),  # right-padded with -1
 }
 
 

@@ -1,0 +1,239 @@
+"""SD-LoRA: a training-only heterogeneous graph teacher distilled into a CLIP-LoRA student (METHODS.md §16).
+
+The student is a LoRA-adapted dual encoder (:class:`~lit_lowrank.tasks.FewShotCLIPModule`,
+or any module honouring the protocol below). :class:`SDLoRA` is a
+:class:`~lit_lowrank.core.MethodCallback` that owns the teacher: it is never attached to the
+module, so it is not in the module's ``state_dict``, not in an exported classifier and never
+runs at inference — by construction, not by a flag.
+
+Each training step (``on_loss``):
+
+1. the module's frozen towers (LoRA bypassed) give patch tokens, the global embedding, crop
+   embeddings and class-text embeddings (``pl_module.frozen_graph_inputs(x)``);
+2. :func:`~lit_lowrank.ops.sd_lora.build_hetero_graph` links them (patch–patch kNN,
+   global/local–patch, global–local, visual–text) and the
+   :class:`~lit_lowrank.models.graph_teacher.HeteroGraphTeacher` produces teacher cosine logits
+   and patch–patch / patch–text relations; the teacher takes one step on its own
+   cross-entropy with its own optimizer (its inputs are frozen, so this touches no student weight);
+3. the student's loss gets ``λ_s·relation distillation + λ_p·PPA``: row-wise KL from the
+   teacher's to the student's relations, and ``KL(softmax(f Pᵀ/τ) ‖ softmax(z_t/τ))`` with ``P``
+   the support-set class prototypes of the student's embeddings (a running mean over batches).
+
+Before the first student step the teacher is warmed up on the support set
+(``teacher_warmup_steps``), so the student never distils from a random graph.
+
+Module protocol: ``frozen_graph_inputs(x, crops) -> {"patches", "global", "local", "text"}`` and
+step ``outputs`` with ``features (B, D)`` (L2-normalised image embeddings),
+``patch_features (B, P, D)`` and ``text_features (C, D)``; the datamodule may offer
+``support_dataloader()`` (else ``train_dataloader()`` is used for the warm-up).
+
+Decisions (the spec leaves them open): the teacher is trained online with its own optimizer
+(after a warm-up) rather than pre-trained and frozen; teacher logits are cosines (same scale as
+``f Pᵀ``, so one τ serves both sides of PPA); prototypes are a momentum mean of detached
+student embeddings per class.
+
+.. code-block:: python
+
+    trainer = L.Trainer(max_steps=200, callbacks=[SDLoRA(lambda_relation=1.0, lambda_ppa=1.0)])
+    trainer.fit(FewShotCLIPModule(), datamodule=FewShotDigitsDataModule(shots=4))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from lit_lowrank.core.loss_hooks import MethodCallback, require_outputs
+from lit_lowrank.models.graph_teacher import HeteroGraphTeacher
+from lit_lowrank.ops.sd_lora import (
+    build_hetero_graph,
+    prototype_predictive_alignment,
+    quadrant_crop_mask,
+    relation_agreement,
+    relation_distillation_loss,
+    relation_matrices,
+)
+
+_NEEDED = ("features", "patch_features", "text_features")
+
+
+class SDLoRA(MethodCallback):
+    """The SD-LoRA training-only graph teacher, relation distillation and Prototype Predictive Alignment.
+
+    Args:
+        lambda_relation: weight ``λ_s`` of the relation distillation loss.
+        lambda_ppa: weight ``λ_p`` of the PPA loss.
+        tau_relation: temperature of the row-softmaxed relations (teacher and student).
+        tau_ppa: temperature ``τ`` of both PPA softmaxes (on cosines).
+        patch_k: nearest patches each patch node receives edges from.
+        crops: local nodes: 4 quadrants, 1 centre crop or 5 (both).
+        teacher_layers / teacher_heads: size of the graph transformer.
+        teacher_lr: AdamW learning rate of the teacher.
+        teacher_warmup_steps: full-support-set teacher steps before the first student step.
+        teacher_online: keep training the teacher during fit (one step per student step).
+        prototype_momentum: running-mean momentum of the class prototypes (0 = latest batch only).
+        teacher_inputs: ``"frozen"`` (the paper: pretrained towers, LoRA bypassed) or ``"adapted"`` (the
+            student's current towers, detached: for a weak pretrained model whose frozen features
+            trail the student on the target classes).
+
+    Diagnostics (``method/sd_lora/...``): ``relation_loss``, ``ppa_loss``, ``teacher_loss``,
+    ``teacher_acc``, ``agreement_patch_text`` and ``agreement_patch_patch`` (mean histogram
+    intersection of teacher and student relation rows, 1 = identical).
+
+    .. code-block:: python
+
+        cb = SDLoRA(lambda_relation=1.0, lambda_ppa=1.0, patch_k=4, crops=4)
+        L.Trainer(max_steps=200, callbacks=[cb]).fit(FewShotCLIPModule(), datamodule=FewShotDigitsDataModule())
+    """
+
+    method_name = "sd_lora"
+
+    def __init__(self, lambda_relation: float = 1.0, lambda_ppa: float = 1.0, tau_relation: float = 0.1,
+                 tau_ppa: float = 0.1, patch_k: int = 4, crops: int = 4, teacher_layers: int = 2,
+                 teacher_heads: int = 4, teacher_lr: float = 1e-3, teacher_warmup_steps: int = 100,
+                 teacher_online: bool = True, prototype_momentum: float = 0.5,
+                 teacher_inputs: str = "frozen") -> None:
+        super().__init__()
+        for name, value in (("lambda_relation", lambda_relation), ("lambda_ppa", lambda_ppa),
+                            ("teacher_warmup_steps", teacher_warmup_steps)):
+            if value < 0:
+                raise ValueError(f"`{name}`={value}, expected >= 0.")
+        for name, value in (("tau_relation", tau_relation), ("tau_ppa", tau_ppa), ("teacher_lr", teacher_lr)):
+            if value <= 0:
+                raise ValueError(f"`{name}`={value}, expected > 0.")
+        if teacher_inputs not in ("frozen", "adapted"):
+            raise ValueError(f"`teacher_inputs`={teacher_inputs!r}, expected 'frozen' or 'adapted'.")
+        if not 0.0 <= prototype_momentum < 1.0:
+            raise ValueError(f"`prototype_momentum`={prototype_momentum}, expected in [0, 1).")
+        quadrant_crop_mask(2, crops)  # validates `crops`
+        self.lambda_relation, self.lambda_ppa = lambda_relation, lambda_ppa
+        self.tau_relation, self.tau_ppa = tau_relation, tau_ppa
+        self.patch_k, self.crops = patch_k, crops
+        self.teacher_layers, self.teacher_heads = teacher_layers, teacher_heads
+        self.teacher_lr, self.teacher_warmup_steps = teacher_lr, teacher_warmup_steps
+        self.teacher_online, self.prototype_momentum = teacher_online, prototype_momentum
+        self.teacher_inputs = teacher_inputs
+        self.teacher: HeteroGraphTeacher | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.prototypes: Tensor | None = None
+        self.seen: Tensor | None = None
+        self.warmed_up = False
+        self._pending: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ setup and state
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if not callable(getattr(pl_module, "frozen_graph_inputs", None)):
+            raise TypeError(f"SDLoRA needs `{type(pl_module).__name__}.frozen_graph_inputs(x, crops)` returning the "
+                            "frozen towers' patches/global/local/text embeddings (FewShotCLIPModule has it).")
+        dim = getattr(pl_module, "embed_dim", None)
+        if not isinstance(dim, int):
+            raise TypeError(f"SDLoRA needs an integer `{type(pl_module).__name__}.embed_dim` (joint embedding width).")
+        if self.teacher is None:
+            self.teacher = HeteroGraphTeacher(dim, num_layers=self.teacher_layers, heads=self.teacher_heads,
+                                              tau=self.tau_relation)
+            self.optimizer = torch.optim.AdamW(self.teacher.parameters(), lr=self.teacher_lr)
+        self.teacher.to(pl_module.device)
+        if self._pending is not None:
+            self._load(self._pending)
+            self._pending = None
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.teacher is None:
+            return {}
+        return {"teacher": self.teacher.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "prototypes": self.prototypes, "seen": self.seen, "warmed_up": self.warmed_up}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not state_dict:
+            return
+        if self.teacher is None:  # restored before setup built the teacher
+            self._pending = state_dict
+        else:
+            self._load(state_dict)
+
+    def _load(self, state: dict[str, Any]) -> None:
+        self.teacher.load_state_dict(state["teacher"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.prototypes, self.seen, self.warmed_up = state["prototypes"], state["seen"], state["warmed_up"]
+
+    # ------------------------------------------------------------------ teacher
+    def _inputs(self, pl_module: pl.LightningModule, x: Tensor) -> dict[str, Tensor]:
+        if self.teacher_inputs == "frozen":
+            return pl_module.frozen_graph_inputs(x, self.crops)
+        return pl_module.frozen_graph_inputs(x, self.crops, frozen=False)
+
+    def _teacher_forward(self, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
+        grid = int(round(inputs["patches"].shape[1] ** 0.5))
+        graph = build_hetero_graph(inputs["patches"], inputs["global"], inputs["local"], inputs["text"],
+                                   quadrant_crop_mask(grid, self.crops), patch_k=self.patch_k)
+        return self.teacher(graph)
+
+    def _teacher_step(self, inputs: dict[str, Tensor], y: Tensor) -> tuple[dict[str, Tensor], Tensor]:
+        self.teacher.train()
+        with torch.enable_grad():
+            out = self._teacher_forward(inputs)
+            loss = F.cross_entropy(self.teacher.logit_scale.exp() * out["logits"], y)
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+        return {k: v.detach() for k, v in out.items()}, loss.detach()
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.warmed_up or self.teacher_warmup_steps == 0:
+            self.warmed_up = True
+            return
+        dm = trainer.datamodule
+        loader = dm.support_dataloader() if hasattr(dm, "support_dataloader") else trainer.train_dataloader
+        parts, labels = [], []
+        for batch in loader:
+            x = batch["x"].to(pl_module.device)
+            parts.append(self._inputs(pl_module, x))
+            labels.append(batch["y"].to(pl_module.device))
+        inputs = {k: torch.cat([p[k] for p in parts]) if k != "text" else parts[0][k] for k in parts[0]}
+        y = torch.cat(labels)
+        for _ in range(self.teacher_warmup_steps):
+            self._teacher_step(inputs, y)
+        self.warmed_up = True
+
+    # ------------------------------------------------------------------ the loss hook
+    def _update_prototypes(self, features: Tensor, y: Tensor, num_classes: int) -> Tensor:
+        onehot = F.one_hot(y, num_classes).to(features.dtype)
+        counts = onehot.sum(0)
+        means = onehot.T @ features.detach() / counts.clamp(min=1)[:, None]
+        if self.prototypes is None or self.prototypes.shape != means.shape:
+            self.prototypes, self.seen = torch.zeros_like(means), torch.zeros(num_classes, dtype=torch.bool,
+                                                                              device=means.device)
+        present = counts > 0
+        m = torch.where(self.seen & present, self.prototype_momentum, 0.0)[:, None]
+        self.prototypes = torch.where(present[:, None], m * self.prototypes + (1 - m) * means, self.prototypes)
+        self.seen = self.seen | present
+        return F.normalize(self.prototypes, dim=-1)
+
+    def on_loss(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, outputs: dict[str, Any],
+                loss: Tensor) -> Tensor:
+        require_outputs(outputs, _NEEDED, "SDLoRA")
+        x, y = batch["x"], batch["y"]
+        inputs = self._inputs(pl_module, x)
+        if self.teacher_online:
+            teacher, teacher_loss = self._teacher_step(inputs, y)
+        else:
+            with torch.no_grad():
+                self.teacher.eval()
+                teacher = self._teacher_forward(inputs)
+                teacher_loss = F.cross_entropy(self.teacher.logit_scale.exp() * teacher["logits"], y)
+        features = F.normalize(outputs["features"], dim=-1)
+        text = outputs["text_features"]
+        student = relation_matrices(outputs["patch_features"], text, self.tau_relation)
+        relation = relation_distillation_loss((teacher["patch_patch"], teacher["patch_text"]), student)
+        prototypes = self._update_prototypes(features, y, text.shape[0])
+        ppa = prototype_predictive_alignment(features, prototypes, teacher["logits"], self.tau_ppa)
+        for name, value in (("relation_loss", relation), ("ppa_loss", ppa), ("teacher_loss", teacher_loss),
+                            ("teacher_acc", (teacher["logits"].argmax(-1) == y).float().mean()),
+                            ("agreement_patch_text", relation_agreement(teacher["patch_text"], student[1])),
+                            ("agreement_patch_patch", relation_agreement(teacher["patch_patch"], student[0]))):
+            self.log_method(pl_module, name, value.detach())
+        return loss + self.lambda_relation * relation + self.lambda_ppa * ppa

@@ -1,0 +1,236 @@
+"""Server side: FedAvg, secure summation of moments, the prior bank and episodic evaluation.
+
+Shared by the in-process federation (:func:`run_federation`), the Lightning engine
+(:class:`~lit_lowrank.federated.FedLowShotModule`) and the Flower ServerApp.
+
+.. code-block:: python
+
+    from lit_lowrank.federated.server import run_federation, evaluate_episodes
+
+    result = run_federation(datamodule, rounds=5, local_epochs=1)
+    scores = evaluate_episodes(result.novel_features(datamodule), datamodule.novel_y, datamodule.novel_names,
+                               result.bank, result.novel_keys, episodes=600)
+    # scores[("prior_bank", 1)] -> per-episode macro F1 (same episodes for every method)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lit_lowrank.federated.client import FlowClassifier, FlowClient, unflatten_moments
+from lit_lowrank.federated.phrases import phrase_embeddings
+from lit_lowrank.ops.episodes import (
+    finetuned_head_classify,
+    gaussian_classify,
+    macro_f1,
+    prototype_classify,
+    sample_episode,
+    sampled_logistic_classify,
+)
+from lit_lowrank.ops.niw import moments_to_gaussian, niw_map
+from lit_lowrank.ops.prior_bank import PriorBank, global_prior, retrieve_prior
+from lit_lowrank.ops.secure_sum import FRAC_BITS, decode_fixed_point, sum_masked
+
+#: Methods of :func:`evaluate_episodes`: the prior bank and its four baselines.
+METHODS: tuple[str, ...] = ("prior_bank", "prototype", "finetuned_head", "global_prior", "oracle_prior")
+
+
+def fedavg(states: Sequence[dict[str, Tensor]], weights: Sequence[float]) -> dict[str, Tensor]:
+    """Weighted average of client state dicts (integer buffers, e.g. BatchNorm counters, from client 0).
+
+    .. code-block:: python
+
+        new_global = fedavg([s0, s1], [120, 80])
+    """
+    if not states or len(states) != len(weights):
+        raise ValueError(f"fedavg: {len(states)} states and {len(weights)} weights; need the same number >= 1")
+    w = torch.as_tensor(weights, dtype=torch.float64)
+    w = w / w.sum()
+    out = {}
+    for key, ref in states[0].items():
+        if ref.is_floating_point():
+            out[key] = sum(float(wi) * s[key].to(torch.float64) for wi, s in zip(w, states)).to(ref.dtype)
+        else:
+            out[key] = ref.clone()
+    return out
+
+
+def secure_sum_round(clients: Sequence[FlowClient], global_state: dict[str, Tensor],
+                     frac_bits: int = FRAC_BITS) -> np.ndarray:
+    """The server's view of the secure moment sum: relays public keys, sums masked vectors.
+
+    The server never holds an unmasked client vector; the masks cancel in the sum.
+
+    .. code-block:: python
+
+        total = secure_sum_round(clients, global_state)     # float64 flat moments
+    """
+    publics = {c.client_id: c.public_key() for c in clients}  # round 1: advertise keys
+    masked = [c.masked_moments(global_state, publics, frac_bits) for c in clients]  # round 2
+    return decode_fixed_point(sum_masked(masked), frac_bits)
+
+
+def build_prior_bank(total: np.ndarray, base_names: Sequence[str], feature_dim: int,
+                     encoder: str = "minilm", ridge: float = 1e-4) -> PriorBank:
+    """The server's prior bank from the summed flat moments of the base classes.
+
+    .. code-block:: python
+
+        bank = build_prior_bank(total, dm.base_names, feature_dim=32)
+    """
+    counts, sums, second = unflatten_moments(total, len(base_names), feature_dim)
+    means, covs = moments_to_gaussian(counts, sums, second, ridge=ridge)
+    keep = counts >= 2  # a class seen fewer than twice has no covariance: it cannot be a prior
+    if not bool(keep.any()):
+        raise ValueError("build_prior_bank: no base class has >= 2 rows across the clients")
+    keys = phrase_embeddings(list(base_names), encoder)
+    return PriorBank(keys=keys[keep], means=means[keep], covs=covs[keep], counts=counts[keep],
+                     labels=[n for n, k in zip(base_names, keep.tolist()) if k])
+
+
+@dataclass
+class FederationResult:
+    """What a finished federation hands to the few-shot stage.
+
+    Attributes:
+        state: the global :class:`FlowClassifier` state dict.
+        model_kwargs: the model's constructor arguments.
+        bank: the prior bank (base classes).
+        total_moments: the securely summed flat moments.
+        history: per-round diagnostics (``train_rows``, ``val_acc``).
+    """
+
+    state: dict[str, Tensor]
+    model_kwargs: dict
+    bank: PriorBank
+    total_moments: np.ndarray
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    def model(self) -> FlowClassifier:
+        model = FlowClassifier(**self.model_kwargs)
+        model.load_state_dict(self.state)
+        return model.eval()
+
+    @torch.no_grad()
+    def features(self, x: Tensor) -> Tensor:
+        model = self.model()
+        return torch.cat([model.features(c) for c in x.split(4096)])
+
+
+@torch.no_grad()
+def _val_acc(state: dict[str, Tensor], model_kwargs: dict, x: Tensor, y: Tensor) -> float:
+    model = FlowClassifier(**model_kwargs)
+    model.load_state_dict(state)
+    model.eval()
+    return float((model(x).argmax(1) == y).float().mean()) if len(y) else float("nan")
+
+
+def make_clients(datamodule, model_kwargs: dict, batch_size: int = 64, lr: float = 1e-3) -> list[FlowClient]:
+    """One :class:`FlowClient` per Dirichlet partition of a set-up :class:`FlowsDataModule`."""
+    datamodule.setup()
+    return [FlowClient(k, *datamodule.client_data(k), num_classes=len(datamodule.base_names),
+                       model_kwargs=model_kwargs, batch_size=batch_size, lr=lr, seed=datamodule.seed)
+            for k in range(datamodule.num_clients)]
+
+
+def run_federation(datamodule, rounds: int = 5, local_epochs: int = 1, encoder: str = "mlp", feature_dim: int = 32,
+                   encoder_kwargs: dict | None = None, batch_size: int = 64, lr: float = 1e-3,
+                   phrase_encoder: str = "minilm", seed: int = 0) -> FederationResult:
+    """The in-process federation: FedAvg rounds, then one secure moment round and the bank.
+
+    Runs the same :class:`FlowClient` / server functions as the Flower apps, sequentially in
+    this process (no Ray, no network).
+
+    .. code-block:: python
+
+        result = run_federation(FlowsDataModule(num_clients=8, alpha=0.1), rounds=5)
+    """
+    datamodule.setup()
+    model_kwargs = {"encoder": encoder, "num_classes": len(datamodule.base_names),
+                    "in_features": datamodule.num_features, "feature_dim": feature_dim,
+                    "encoder_kwargs": encoder_kwargs or {}}
+    torch.manual_seed(seed)
+    state = FlowClassifier(**model_kwargs).state_dict()
+    clients = make_clients(datamodule, model_kwargs, batch_size, lr)
+    history = []
+    for r in range(rounds):
+        updates = [c.fit(state, local_epochs, round_idx=r) for c in clients]
+        state = fedavg([u[0] for u in updates], [u[1] for u in updates])
+        history.append({"round": r, "val_acc": _val_acc(state, model_kwargs, datamodule.val_x, datamodule.val_y)})
+    total = secure_sum_round(clients, state)
+    bank = build_prior_bank(total, datamodule.base_names, feature_dim, phrase_encoder)
+    return FederationResult(state, model_kwargs, bank, total, history)
+
+
+def _adapted(support: Tensor, s_y: Tensor, ways: int, priors: list[tuple[Tensor, Tensor]], kappa: float,
+             nu0: float | None) -> tuple[Tensor, Tensor]:
+    mus, sigmas = zip(*(niw_map(support[s_y == j], *priors[j], kappa=kappa, nu0=nu0) for j in range(ways)))
+    return torch.stack(mus), torch.stack(sigmas)
+
+
+def evaluate_episodes(
+    novel_z: Tensor, novel_y: Tensor, novel_names: Sequence[str], bank: PriorBank, novel_keys: Tensor,
+    methods: Sequence[str] = METHODS, ways: int = 5, shots: Sequence[int] = (1, 5), episodes: int = 600,
+    queries: int = 15, kappa: float = 1.0, nu0: float | None = None, k: int = 2, temperature: float = 0.1,
+    classifier: str = "qda", seed: int = 0,
+) -> dict[tuple[str, int], list[float]]:
+    """Per-episode macro F1 of each method on the same ``N``-way ``K``-shot episodes.
+
+    Args:
+        novel_z: ``(M, d)`` encoder features of the novel pool.
+        novel_y: ``(M,)`` novel labels (indices into ``novel_names``).
+        novel_names: novel label names (oracle priors and diagnostics).
+        bank: base-class prior bank.
+        novel_keys: ``(len(novel_names), E)`` phrase embeddings of the novel labels.
+        methods: subset of :data:`METHODS`.
+        ways, shots, episodes, queries: episode shape; every shot count uses its own
+            ``episodes`` episodes, shared by all methods (paired comparison).
+        kappa, nu0: NIW prior strengths (:func:`~lit_lowrank.ops.niw.niw_map`).
+        k, temperature: retrieval (:func:`~lit_lowrank.ops.prior_bank.retrieve_prior`).
+        classifier: ``"qda"`` (Gaussian log-likelihood) or ``"logistic"`` (head on sampled features)
+            for the prior-based methods.
+        seed: episode sampling seed.
+
+    .. code-block:: python
+
+        scores = evaluate_episodes(z, y, names, bank, keys, methods=("prior_bank", "prototype"), episodes=100)
+    """
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"evaluate_episodes: unknown methods {unknown}, expected among {METHODS}")
+    if classifier not in ("qda", "logistic"):
+        raise ValueError(f"evaluate_episodes: `classifier`={classifier!r}, expected 'qda' or 'logistic'")
+    z = novel_z.to(torch.float64)
+    y = np.asarray(novel_y)
+    classes = np.unique(y)
+    retrieved = {int(c): retrieve_prior(bank, novel_keys[int(c)], k=k, temperature=temperature)[:2] for c in classes}
+    glob = global_prior(bank)
+    ridge = 1e-4 * torch.eye(z.shape[1], dtype=torch.float64)
+    oracle = {}
+    for c in classes:
+        zc = z[torch.as_tensor(y == c)]
+        oracle[int(c)] = (zc.mean(0), torch.cov(zc.T) + ridge)
+    out: dict[tuple[str, int], list[float]] = {(m, s): [] for m in methods for s in shots}
+    for s in shots:
+        rng = np.random.default_rng(seed * 7919 + s)
+        for e in range(episodes):
+            s_idx, s_y, q_idx, q_y, chosen = sample_episode(y, classes, ways, s, queries, rng)
+            sup, qry, sy = z[s_idx], z[q_idx], torch.as_tensor(s_y)
+            for m in methods:
+                if m == "prototype":
+                    pred = prototype_classify(qry, sup, sy, ways)
+                elif m == "finetuned_head":
+                    pred = finetuned_head_classify(qry, sup, sy, ways, seed=e)
+                else:
+                    source = {"prior_bank": retrieved, "oracle_prior": oracle}.get(m)
+                    priors = [source[int(c)] if source is not None else glob for c in chosen]
+                    mus, sigmas = _adapted(sup, sy, ways, priors, kappa, nu0)
+                    pred = (gaussian_classify(qry, mus, sigmas) if classifier == "qda"
+                            else sampled_logistic_classify(qry, sup, sy, mus, sigmas, seed=e))
+                out[(m, s)].append(macro_f1(pred, q_y, ways))
+    return out

@@ -1,0 +1,101 @@
+"""A causal LM as a multiple-choice feature extractor: one forward, the last prompt token's hidden state.
+
+With :class:`~lit_lowrank.datamodules.multiple_choice.MultipleChoiceDataModule` prompts (ending in
+``"Answer:"``), the LM's next-token logits restricted to the option letters ``" A"``, ``" B"``, ... are
+``h W_letters^T`` with ``h`` the final hidden state (after the last norm). :meth:`MultipleChoiceLM.make_head`
+returns exactly that as an ``nn.Linear(hidden, num_choices)``, so the classification head over the answer
+options starts as the pretrained model's own choice scores (zero-shot) and is then fine-tuned, or replaced
+by a VBLL head whose posterior mean starts there (:func:`~lit_lowrank.adapters.polar_vbll.apply_polar_vbll`).
+
+.. code-block:: python
+
+    backbone = MultipleChoiceLM(pretrained="smollm2")
+    model = ClassificationModule(backbone, num_classes=4)   # head = backbone.make_head(4)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lit_lowrank.datamodules.multiple_choice import LETTERS
+
+
+class MultipleChoiceLM(nn.Module):
+    """Token ids ``(B, L)`` right-padded with ``-1`` -> final hidden state at the last real token ``(B, H)``.
+
+    Args:
+        pretrained: ``"smollm2"`` (the offline SmolLM2-135M) or a local Hugging Face model folder;
+            ``None`` builds a random model from ``model_config`` (tests, smoke configs).
+        model_config: transformers config keyword arguments with ``model_type`` (``pretrained=None``).
+        tokenizer: for :meth:`make_head` with a random model (``"byte"`` by default); pretrained models
+            use their own tokenizer.
+
+    .. code-block:: python
+
+        net = MultipleChoiceLM(None, model_config={"model_type": "llama", "hidden_size": 64,
+                                                   "intermediate_size": 128, "num_hidden_layers": 2,
+                                                   "num_attention_heads": 4, "vocab_size": 258})
+        features = net(torch.tensor([[5, 6, 7, -1]]))   # (1, 64)
+    """
+
+    def __init__(self, pretrained: str | None = "smollm2", model_config: dict[str, Any] | None = None,
+                 tokenizer: str = "byte") -> None:
+        super().__init__()
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        self.tokenizer_name = tokenizer
+        if pretrained == "smollm2":
+            from lit_lowrank.models.pretrained import load_smollm2
+
+            model, _ = load_smollm2()
+            self.tokenizer_name = "smollm2"
+        elif pretrained is not None:
+            model = AutoModelForCausalLM.from_pretrained(pretrained, local_files_only=True)
+            self.tokenizer_name = pretrained
+        else:
+            if not model_config or "model_type" not in model_config:
+                raise ValueError(f"`model_config`={model_config!r}: with pretrained=None, expected transformers "
+                                 "config keyword arguments with a 'model_type'.")
+            kwargs = dict(model_config)
+            model = AutoModelForCausalLM.from_config(AutoConfig.for_model(kwargs.pop("model_type"), **kwargs))
+        self.lm = model
+        self.num_features = int(model.config.hidden_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dim() != 2 or x.dtype != torch.long:
+            raise ValueError(f"MultipleChoiceLM expects (B, L) int64 token ids padded with -1, got "
+                             f"{tuple(x.shape)} {x.dtype}.")
+        mask = x >= 0
+        lengths = mask.sum(1)
+        if (lengths == 0).any():
+            raise ValueError("MultipleChoiceLM: a prompt has no tokens (all -1).")
+        out = self.lm.model(input_ids=x.clamp_min(0), attention_mask=mask.long())  # the decoder, no LM head
+        hidden = out.last_hidden_state
+        return hidden[torch.arange(x.shape[0], device=x.device), lengths - 1]
+
+    def letter_ids(self, num_choices: int) -> list[int]:
+        """Token id of ``" A"``, ``" B"``, ... (the token that follows ``"Answer:"``)."""
+        from lit_lowrank.datamodules.tokenizers import encode_batch, get_tokenizer
+
+        tokenizer = get_tokenizer(self.tokenizer_name)
+        ids = encode_batch(tokenizer, [f" {LETTERS[i]}" for i in range(num_choices)])
+        return [seq[-1] for seq in ids]  # the letter itself when " A" splits into space + letter
+
+    @torch.no_grad()
+    def make_head(self, num_classes: int) -> nn.Linear:
+        """``nn.Linear(H, num_classes)`` whose rows are the LM's output rows of the option letters."""
+        weight = self.lm.get_output_embeddings().weight
+        rows = weight[self.letter_ids(num_classes)].detach().clone()
+        head = nn.Linear(self.num_features, num_classes)
+        head.weight.copy_(rows)
+        bias = getattr(self.lm.get_output_embeddings(), "bias", None)
+        head.bias.copy_(bias[self.letter_ids(num_classes)] if bias is not None else torch.zeros(num_classes))
+        return head
+
+
+def mc_lm(in_chans: int = 3, **kwargs: Any) -> MultipleChoiceLM:
+    """Builder for :data:`lit_lowrank.models.BACKBONES` (``in_chans`` is ignored: token inputs)."""
+    return MultipleChoiceLM(**kwargs)
