@@ -168,7 +168,7 @@ def _mc(net: nn.Module, x: Tensor, samples: int, seed: int) -> Tensor:
 
 def run(quick: bool, seed: int) -> BenchmarkResult:
     torch.set_num_threads(2)
-    seeds = [seed + i for i in range(2 if quick else 10)]
+    seeds = [seed + i for i in range(5 if quick else 10)]
     labels_per_class = 10
     steps = 300
     mc_samples, members = (8, 3) if quick else (16, 5)
