@@ -22,10 +22,12 @@ from lit_lowrank.core.surgery import (
     save_surgery,
     surgery_records,
 )
+from lit_lowrank.core.temporary import temporarily_set
 
 __all__ = [
     "MethodCallback", "apply_loss_hooks", "method_callbacks", "require_outputs", "OUTPUT_KEYS", "log_method", "method_key",
     "MethodSpec", "register_method", "unregister_method", "get_method", "all_methods", "implemented_methods",
     "methods_table", "find_modules", "replace_module", "mark_replaced", "is_replaced", "record_surgery",
     "surgery_records", "save_surgery", "rebuild_surgery", "import_object",
+    "temporarily_set",
 ]

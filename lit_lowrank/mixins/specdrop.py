@@ -71,6 +71,7 @@ from lit_lowrank.core.surgery import (
     record_surgery,
     replace_module,
 )
+from lit_lowrank.core.temporary import temporarily_set
 from lit_lowrank.ops.specdrop import (
     branch_of_category,
     load_balancing_loss,
@@ -520,15 +521,8 @@ def specdrop_category(model: nn.Module, category: Tensor | None) -> Iterator[Non
         with specdrop_category(self, batch.get("category")):
             logits = self.net(batch["x"])
     """
-    blocks = specdrop_blocks(model)
-    previous = [block.category for block in blocks]
-    for block in blocks:
-        block.category = category
-    try:
+    with temporarily_set(specdrop_blocks(model), "category", category):
         yield
-    finally:
-        for block, old in zip(blocks, previous):
-            block.category = old
 
 
 @contextmanager

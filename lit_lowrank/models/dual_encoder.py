@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lit_lowrank.core.temporary import temporarily_set
+
 #: LoRA targets of the few-shot methods: q/k/v of every attention layer of both towers
 #: (CLIP's ``q_proj/k_proj/v_proj``, BERT/MiniLM's ``query/key/value``).
 QKV_TARGETS = r".*\.(q_proj|k_proj|v_proj|query|key|value)$"
@@ -175,15 +177,8 @@ def adapters_disabled(module: nn.Module) -> Iterator[None]:
     """
     from peft.tuners.lora import LoraLayer
 
-    layers = [m for m in module.modules() if isinstance(m, LoraLayer)]
-    before = [m._disable_adapters for m in layers]
-    for m in layers:
-        m._disable_adapters = True
-    try:
+    with temporarily_set([m for m in module.modules() if isinstance(m, LoraLayer)], "_disable_adapters", True):
         yield
-    finally:
-        for m, flag in zip(layers, before):
-            m._disable_adapters = flag
 
 
 # ----------------------------------------------------------------------------- the embedded default

@@ -39,6 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_lowrank.core.surgery import is_replaced, mark_replaced, record_surgery
+from lit_lowrank.core.temporary import temporarily_set
 from lit_lowrank.ops.lowrank import low_rank_factors, singular_values
 from lit_lowrank.ops.mxfp4 import MX_BLOCK, mxfp4_bits, mxfp4_fake_quant, mxfp4_quantize
 from lit_lowrank.ops.quantization import BitsBreakdown
@@ -216,15 +217,8 @@ def apply_moe_quant(model: nn.Module, ranks: dict[str, list[list[int]]] | None =
 @contextlib.contextmanager
 def fp_reference(model: nn.Module) -> Iterator[None]:
     """Inside the block, every :class:`MXFP4Experts` uses its full-precision weights (no Q, no B A)."""
-    experts = list(moe_experts(model).values())
-    previous = [e.enabled for e in experts]
-    for e in experts:
-        e.enabled = False
-    try:
+    with temporarily_set(moe_experts(model).values(), "enabled", False):
         yield
-    finally:
-        for e, p in zip(experts, previous):
-            e.enabled = p
 
 
 @torch.no_grad()
