@@ -19,7 +19,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
 EXTRA_COMMANDS = """extra commands:
-  bench NAME [--quick] [--json PATH] [--seed N]   run a method's benchmark (`bench --list` lists them)
+  bench NAME [--quick] [--json PATH] [--seed N] [--strict]   run a method's benchmark (`bench --list`)
+  bench --table [--check]                          README/card tables from docs/results/*.json
   methods [--markdown]                             print the method registry as a table
 """
 
@@ -76,16 +77,30 @@ def _bench(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="lit-lowrank bench", description="Run a method's benchmark.")
     parser.add_argument("name", nargs="?", help="benchmark name (lit_lowrank/benchmarks/<name>.py)")
     parser.add_argument("--quick", action="store_true", help="the small version: < 3 minutes on 2 CPU cores")
-    parser.add_argument("--json", metavar="PATH", help="write the contract JSON (rows and computed claims) here")
+    parser.add_argument("--json", metavar="PATH", help="write the contract JSON (rows, claims, controls) here")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--list", action="store_true", help="list the available benchmarks")
-    parser.add_argument("--strict", action="store_true", help="exit with status 1 when a claim does not hold")
+    parser.add_argument("--strict", action="store_true",
+                        help="exit with status 1 when the run is invalid (no control, or a control holds)")
+    parser.add_argument("--table", action="store_true",
+                        help="regenerate the README's and the cards' tables from docs/results/*.json")
+    parser.add_argument("--check", action="store_true", help="with --table: only report the files that differ")
+    parser.add_argument("--root", metavar="PATH", help="with --table: the checkout (default: found from the cwd)")
     ns = parser.parse_args(argv)
+    if ns.table:
+        from pathlib import Path
+
+        from lit_lowrank.benchmarks._tables import repo_root, sync_tables
+
+        changed = sync_tables(repo_root(Path(ns.root) if ns.root else None), check=ns.check)
+        verb = "differ from docs/results" if ns.check else "rewritten"
+        print("\n".join(f"{f}: {verb}" for f in changed) or "tables up to date")
+        return 1 if (ns.check and changed) else 0
     if ns.list or ns.name is None:
         print("\n".join(available_benchmarks()))
         return 0 if ns.list else 2
     result = run_benchmark(ns.name, quick=ns.quick, seed=ns.seed, json_path=ns.json)
-    return 1 if ns.strict and not all(c["holds"] for c in result["claims"]) else 0
+    return 1 if ns.strict and not result["valid"] else 0
 
 
 def _methods(argv: list[str]) -> int:

@@ -31,7 +31,7 @@ from torch import nn
 
 from lit_lowrank.adapters.polar import polar_delta_stable_rank, polar_layers
 from lit_lowrank.adapters.polar_landing import apply_landing_, polar_diagnostics
-from lit_lowrank.benchmarks.harness import claim
+from lit_lowrank.benchmarks.harness import legacy_claim
 from lit_lowrank.ops.lowrank import stable_rank_of
 
 METHODS = ("lora", "polar", "polar_no_landing")
@@ -141,9 +141,9 @@ def polar_vs_lora_stable_rank(quick: bool = True, seed: int = 0) -> tuple[list[d
         rows.append(summary)
     paired = [p["stable_rank_dW"] / q["stable_rank_dW"] for p, q in zip(per_seed["polar"], per_seed["lora"])]
     claims = [
-        claim("PoLAR's ΔW has higher stable rank than LoRA's after 1,000 steps (min over paired seeds of the ratio)",
+        legacy_claim("PoLAR's ΔW has higher stable rank than LoRA's after 1,000 steps (min over paired seeds of the ratio)",
               min(paired), 1.0, ">"),
-        claim("landing keeps X, Y >= 10x closer to orthonormal than plain gradients (ratio of max ‖XᵀX − I‖_F)",
+        legacy_claim("landing keeps X, Y >= 10x closer to orthonormal than plain gradients (ratio of max ‖XᵀX − I‖_F)",
               max(r["orth_err_max"] for r in per_seed["polar_no_landing"])
               / max(r["orth_err_max"] for r in per_seed["polar"]), 10.0, ">="),
     ]

@@ -7,12 +7,14 @@ import time
 from collections.abc import Callable
 
 
-def interleaved_medians(fns: dict[str, Callable[[], float | None]], repeats: int, warmup: int = 1) -> dict[str, float]:
+def interleaved_samples(fns: dict[str, Callable[[], float | None]], repeats: int,
+                        warmup: int = 1) -> dict[str, list[float]]:
     """Run each ``fn`` in turn (A B A B ...) ``repeats`` times after ``warmup`` rounds.
 
     A ``fn`` may return its own measurement (seconds); otherwise its wall time is
-    used. Returns the median per name, so a slow moment of the machine hits every
-    method alike.
+    used. Returns every measurement per name; entry ``i`` of every list comes from the
+    same round, so per-round ratios are paired units for a timing claim (a slow moment
+    of the machine hits both sides of a pair).
     """
     samples: dict[str, list[float]] = {k: [] for k in fns}
     for i in range(warmup + repeats):
@@ -22,4 +24,9 @@ def interleaved_medians(fns: dict[str, Callable[[], float | None]], repeats: int
             elapsed = time.perf_counter() - start if measured is None else float(measured)
             if i >= warmup:
                 samples[name].append(elapsed)
-    return {k: statistics.median(v) for k, v in samples.items()}
+    return samples
+
+
+def interleaved_medians(fns: dict[str, Callable[[], float | None]], repeats: int, warmup: int = 1) -> dict[str, float]:
+    """The median per name of :func:`interleaved_samples`."""
+    return {k: statistics.median(v) for k, v in interleaved_samples(fns, repeats, warmup).items()}

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lit_lowrank.benchmarks.harness import BenchmarkResult, claim
+from lit_lowrank.benchmarks.harness import BenchmarkResult, legacy_claim
 from lit_lowrank.models.autoencoder import MLPAutoencoder
 from lit_lowrank.ops.camel import basin_distance
 from lit_lowrank.tasks.camel import CAMELModule
@@ -165,12 +165,12 @@ def run(quick: bool = True, seed: int = 0) -> BenchmarkResult:
     by = {r["method"]: r for r in rows}
     camel, vanilla, novelty = by["camel"], by["class_embedding"], by["novelty"]
     claims = [
-        claim("CAMEL concepts more unfamiliar than vanilla samples (L0 ratio camel/vanilla > 1)",
+        legacy_claim("CAMEL concepts more unfamiliar than vanilla samples (L0 ratio camel/vanilla > 1)",
               camel["l0"] / vanilla["l0"], 1.0, ">"),
-        claim("CAMEL concepts more learnable than novelty-only (L_K ratio camel/novelty < 1)",
+        legacy_claim("CAMEL concepts more learnable than novelty-only (L_K ratio camel/novelty < 1)",
               camel["lk"] / novelty["lk"], 1.0, "<"),
-        claim("CAMEL samples outside the vanilla basin (basin distance / vanilla-to-vanilla spread > 1)",
+        legacy_claim("CAMEL samples outside the vanilla basin (basin distance / vanilla-to-vanilla spread > 1)",
               camel["basin_dist"] / vanilla["basin_dist"], 1.0, ">"),
-        claim("CAMEL samples still recognised as the prompt class above chance (0.1)", camel["recognised"], 0.1, ">"),
+        legacy_claim("CAMEL samples still recognised as the prompt class above chance (0.1)", camel["recognised"], 0.1, ">"),
     ]
     return BenchmarkResult(rows=rows, claims=claims)

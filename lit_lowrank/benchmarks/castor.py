@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch_geometric.data import Data
 
-from lit_lowrank.benchmarks.harness import BenchmarkResult, claim
+from lit_lowrank.benchmarks.harness import BenchmarkResult, legacy_claim
 from lit_lowrank.datamodules.csbm import contextual_sbm, edge_homophily
 from lit_lowrank.datamodules.graphs import split_masks
 from lit_lowrank.models.castor import Castor
@@ -191,14 +191,14 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
     worst_castor_rank = max(ranks[CASTOR].values())
     best_other = min(avg_rank[n] for n in main if n != CASTOR)
     claims = [
-        claim("Castor in the top 3 at every φ (worst per-φ rank)", worst_castor_rank, 3.0, "<="),
-        claim("Castor has the best average rank (Castor minus best baseline)", avg_rank[CASTOR] - best_other,
+        legacy_claim("Castor in the top 3 at every φ (worst per-φ rank)", worst_castor_rank, 3.0, "<="),
+        legacy_claim("Castor has the best average rank (Castor minus best baseline)", avg_rank[CASTOR] - best_other,
               0.0, "<"),
-        claim("no-router ablation ranks worse than Castor (rank difference)",
+        legacy_claim("no-router ablation ranks worse than Castor (rank difference)",
               avg_rank["castor_no_router"] - avg_rank[CASTOR], 0.0, ">"),
-        claim("no-momentum ablation ranks worse than Castor (rank difference)",
+        legacy_claim("no-momentum ablation ranks worse than Castor (rank difference)",
               avg_rank["castor_no_momentum"] - avg_rank[CASTOR], 0.0, ">"),
-        claim("router high-pass mass grows as homophily falls (mass φ=-1 minus φ=+1)",
+        legacy_claim("router high-pass mass grows as homophily falls (mass φ=-1 minus φ=+1)",
               high_mass[-1.0] - high_mass[1.0], 0.0, ">"),
     ]
     notes = {"num_nodes": num_nodes, "num_features": num_features, "splits": num_splits, "epochs": epochs,

@@ -37,7 +37,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
-from lit_lowrank.benchmarks.harness import BenchmarkResult, claim
+from lit_lowrank.benchmarks.harness import BenchmarkResult, legacy_claim
 from lit_lowrank.datamodules.replay import ReplayDataModule
 from lit_lowrank.ops.fb import (
     estimate_transition_operator,
@@ -172,17 +172,17 @@ def _claims(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     pm = {r["k"]: r["zero_shot_return"] for r in rows if r["table"] == "fb" and r["env"] == "pointmass"}
     pm_best = max(v for k, v in pm.items() if k > 1)
     return [
-        claim("γ=0.99 per decision (the spec's setting): the SR's effective rank falls strictly with k (gridworld; "
+        legacy_claim("γ=0.99 per decision (the spec's setting): the SR's effective rank falls strictly with k (gridworld; "
               "count of non-decreasing steps)", rises, 0, "<="),
-        claim("SR effective rank at k=8 below k=1 for both γ and both macro discounts (gridworld; max ratio)",
+        legacy_claim("SR effective rank at k=8 below k=1 for both γ and both macro discounts (gridworld; max ratio)",
               end_ratio, 1.0, "<"),
-        claim("γ=0.99: best k>1 relative SR error / k=1's (gridworld)", e99k / e99, 1.0, "<"),
-        claim("γ=0.99: best k>1 zero-shot normalised return / k=1's (gridworld)", r99k / max(r99, 1e-12), 1.0, ">"),
-        claim("relative SR-error gain of the best k>1 is larger at γ=0.99 than at γ=0.9 (gain99 − gain90)",
+        legacy_claim("γ=0.99: best k>1 relative SR error / k=1's (gridworld)", e99k / e99, 1.0, "<"),
+        legacy_claim("γ=0.99: best k>1 zero-shot normalised return / k=1's (gridworld)", r99k / max(r99, 1e-12), 1.0, ">"),
+        legacy_claim("relative SR-error gain of the best k>1 is larger at γ=0.99 than at γ=0.9 (gain99 − gain90)",
               gain99 - gain90, 0.0, ">"),
-        claim("point-mass γ=0.99: best k>1 zero-shot normalised return / k=1's", pm_best / max(pm[1], 1e-12), 1.0,
+        legacy_claim("point-mass γ=0.99: best k>1 zero-shot normalised return / k=1's", pm_best / max(pm[1], 1e-12), 1.0,
               ">"),
-        claim("value-error bound ‖V−V̂‖∞ ≤ ‖M−M̂‖∞·‖r‖∞ holds for every goal of every run "
+        legacy_claim("value-error bound ‖V−V̂‖∞ ≤ ‖M−M̂‖∞·‖r‖∞ holds for every goal of every run "
               "(violations)",
               violations, 0, "<="),
     ]

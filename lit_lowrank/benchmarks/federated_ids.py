@@ -30,7 +30,7 @@ import time
 import numpy as np
 import torch
 
-from lit_lowrank.benchmarks.harness import BenchmarkResult, claim
+from lit_lowrank.benchmarks.harness import BenchmarkResult, legacy_claim
 from lit_lowrank.datamodules.flows import FlowsDataModule
 from lit_lowrank.federated.phrases import phrase_embeddings
 from lit_lowrank.federated.server import METHODS, evaluate_episodes, run_federation
@@ -83,15 +83,15 @@ def _run(quick: bool, seed: int) -> BenchmarkResult:
                              "ci95": round(g_half, 4), "episodes": len(diff)})
     low, high = max(alphas), min(alphas)
     claims = [
-        claim("prior bank beats the best FedAvg baseline in every setting (min paired F1 gain)",
+        legacy_claim("prior bank beats the best FedAvg baseline in every setting (min paired F1 gain)",
               min(gains.values()), 0.0, ">"),
-        claim("gain larger at 1-shot than at 5-shot (min over skews/encoders of gain1 - gain5)",
+        legacy_claim("gain larger at 1-shot than at 5-shot (min over skews/encoders of gain1 - gain5)",
               min(gains[(e, a, 1)] - gains[(e, a, 5)] for e in encoders for a in alphas), 0.0, ">"),
-        claim(f"1-shot gain larger at high skew (alpha={high:g}) than at low skew (alpha={low:g})",
+        legacy_claim(f"1-shot gain larger at high skew (alpha={high:g}) than at low skew (alpha={low:g})",
               min(gains[(e, high, 1)] - gains[(e, low, 1)] for e in encoders), 0.0, ">"),
     ]
     sem = [r["f1"] for r in rows if r["method"] == "prior_bank" and r["shots"] == 1]
     glob = [r["f1"] for r in rows if r["method"] == "global_prior" and r["shots"] == 1]
-    claims.append(claim("semantic retrieval beats the global prior at 1-shot (min F1 difference)",
+    claims.append(legacy_claim("semantic retrieval beats the global prior at 1-shot (min F1 difference)",
                         min(s - g for s, g in zip(sem, glob)), 0.0, ">"))
     return BenchmarkResult(rows, claims, notes)

@@ -1,25 +1,39 @@
-"""The one benchmark harness: discovery, timing, the printed table and the JSON contract.
+"""The one benchmark harness: discovery, claims over paired units, controls, the JSON contract.
 
 A benchmark is a module ``lit_lowrank/benchmarks/<name>.py`` with
 
 .. code-block:: python
 
-    def run(quick: bool, seed: int) -> BenchmarkResult:
-        rows = [{"method": "mine", "ms_per_step": 3.1}, {"method": "baseline", "ms_per_step": 3.0}]
-        return BenchmarkResult(rows, claims=[
-            claim("step time within 3% of the baseline", measured=3.1 / 3.0 - 1, target=0.03, op="<="),
-        ])
+    from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, paired
 
-Claims are computed from the measured rows (never written by hand); the harness
-adds ``benchmark``, ``quick``, ``device`` and ``seconds`` and writes the JSON of
-DESIGN.md.
+    def run(quick: bool, seed: int) -> BenchmarkResult:
+        rows = [{"method": m, "seed": s, "acc": ...} for m in ("mine", "base", "null") for s in range(5)]
+        mine, base, seeds = paired(rows, "acc", {"method": "mine"}, {"method": "base"})
+        null, _, _ = paired(rows, "acc", {"method": "null"}, {"method": "base"})
+        return BenchmarkResult(
+            rows,
+            claims=[claim("mine above base", paper="+2.1 points over base", quantity="acc(mine) - acc(base)",
+                          values=mine, baseline=base, units=seeds, target=0.0, op=">")],
+            controls=[claim("a null model above base", paper="(control)", quantity="acc(null) - acc(base)",
+                            values=null, baseline=base, units=seeds, target=0.0, op=">")],
+        )
+
+Claims are computed from the measured rows over paired units with a 95% CI and a
+three-valued verdict (:mod:`lit_lowrank.benchmarks._claims`). Controls are the same
+claims computed where they must not hold; a benchmark with no control, or with a
+control that holds, is written with ``valid: false``. The harness adds
+``benchmark``, ``quick``, ``device``, ``seconds``, ``date`` and ``machine`` and writes
+the JSON of DESIGN.md; ``lit-lowrank bench --table`` turns the committed JSON under
+``docs/results/`` into the README's and the cards' tables.
 """
 
 from __future__ import annotations
 
+import datetime
 import importlib
 import json
-import operator
+import os
+import platform
 import pkgutil
 import time
 from collections.abc import Sequence
@@ -27,28 +41,47 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
+from lit_lowrank.benchmarks._claims import claim, paired, per_unit, statistic_claim, verdict_of
 
-_OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
+__all__ = ["BenchmarkResult", "available_benchmarks", "claim", "paired", "per_unit", "print_result",
+           "run_benchmark", "statistic_claim", "validity", "verdict_of"]
+
 _PRIVATE = {"harness"}
-
-
-def claim(text: str, measured: float, target: float, op: str = ">=") -> dict[str, Any]:
-    """A claim row: ``holds`` is ``measured <op> target``, computed here."""
-    if op not in _OPS:
-        raise ValueError(f"`op`={op!r}, expected one of {sorted(_OPS)}.")
-    measured = float(measured)
-    return {"claim": text, "measured": measured, "target": float(target), "op": op,
-            "holds": bool(_OPS[op](measured, target))}
+_REQUIRED = ("claim", "paper", "quantity", "n", "estimate", "ci", "target", "op", "verdict", "holds")
 
 
 @dataclass
 class BenchmarkResult:
-    """What a benchmark's ``run`` returns: rows (one dict per method/setting) and claims."""
+    """What a benchmark's ``run`` returns.
+
+    Attributes:
+        rows: one dict per (method, setting, unit): the raw measurements claims are computed from.
+        claims: the paper's headline statements at the benchmark's scale (:func:`claim`).
+        controls: the same claims where they must not hold (a null, a shuffle, a random drafter).
+        notes: free-form settings (steps, seeds, threads) and the measured causes of failing claims.
+        summary: optional aggregated rows (means per method) shown in the cards instead of ``rows``.
+    """
 
     rows: list[dict[str, Any]]
     claims: list[dict[str, Any]] = field(default_factory=list)
+    controls: list[dict[str, Any]] = field(default_factory=list)
     notes: dict[str, Any] = field(default_factory=dict)
+    summary: list[dict[str, Any]] | None = None
+
+
+def validity(claims: Sequence[dict[str, Any]], controls: Sequence[dict[str, Any]]) -> list[str]:
+    """Why a benchmark's claims could not fail (empty: valid)."""
+    reasons = []
+    for c in [*claims, *controls]:
+        missing = [k for k in _REQUIRED if k not in c]
+        if missing:
+            reasons.append(f"claim {c.get('claim', '?')!r} lacks {missing} (not computed by `claim`)")
+    if not controls:
+        reasons.append("no control: nothing shows that a claim can fail")
+    for c in controls:
+        if c.get("verdict") == "holds":
+            reasons.append(f"control holds: {c.get('claim')!r}")
+    return reasons
 
 
 def available_benchmarks() -> list[str]:
@@ -57,6 +90,20 @@ def available_benchmarks() -> list[str]:
 
     return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_")
                   and m.name not in _PRIVATE)
+
+
+def _machine() -> dict[str, Any]:
+    info: dict[str, Any] = {"cpus": os.cpu_count(), "platform": platform.machine(), "python": platform.python_version()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["threads"] = torch.get_num_threads()
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    return info
 
 
 def run_benchmark(name: str, quick: bool = False, seed: int = 0, json_path: str | Path | None = None,
@@ -69,11 +116,17 @@ def run_benchmark(name: str, quick: bool = False, seed: int = 0, json_path: str 
     start = time.perf_counter()
     result: BenchmarkResult = module.run(quick=quick, seed=seed)
     seconds = time.perf_counter() - start
-    payload = {
-        "benchmark": name, "quick": quick, "seed": seed,
-        "device": "cuda" if torch.cuda.is_available() else "cpu",
-        "seconds": round(seconds, 2), "rows": result.rows, "claims": result.claims,
+    reasons = validity(result.claims, result.controls)
+    machine = _machine()
+    payload: dict[str, Any] = {
+        "benchmark": name, "quick": quick, "seed": seed, "device": "cuda" if "gpu" in machine else "cpu",
+        "seconds": round(seconds, 2), "date": datetime.date.today().isoformat(), "machine": machine,
+        "valid": not reasons, "rows": result.rows, "claims": result.claims, "controls": result.controls,
     }
+    if reasons:
+        payload["invalid_reasons"] = reasons
+    if result.summary is not None:
+        payload["summary"] = result.summary
     if result.notes:
         payload["notes"] = result.notes
     if print_table:
@@ -86,12 +139,12 @@ def run_benchmark(name: str, quick: bool = False, seed: int = 0, json_path: str 
 
 
 def print_result(payload: dict[str, Any]) -> None:
-    """Print the rows and claims as rich tables."""
+    """Print the rows (or summary), claims and controls as rich tables."""
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
-    rows: Sequence[dict[str, Any]] = payload["rows"]
+    rows: Sequence[dict[str, Any]] = payload.get("summary") or payload["rows"]
     cols: list[str] = []
     for row in rows:
         cols += [k for k in row if k not in cols]
@@ -102,15 +155,37 @@ def print_result(payload: dict[str, Any]) -> None:
     for row in rows:
         table.add_row(*(_fmt(row.get(c, "")) for c in cols))
     console.print(table)
-    claims = Table(title="claims")
-    for col in ("claim", "measured", "op", "target", "holds"):
-        claims.add_column(col)
-    for c in payload["claims"]:
-        claims.add_row(c["claim"], _fmt(c["measured"]), c["op"], _fmt(c["target"]), "yes" if c["holds"] else "NO")
-    console.print(claims)
+    for title, items in (("claims", payload["claims"]), ("controls (must not hold)", payload.get("controls", []))):
+        t = Table(title=title)
+        for col in ("claim", "n", "estimate", "95% CI", "op", "target", "verdict"):
+            t.add_column(col)
+        for c in items:
+            ci = c.get("ci")
+            t.add_row(c.get("claim", "?"), str(c.get("n", "")), _fmt(c.get("estimate", c.get("measured", ""))),
+                      "—" if not ci else f"[{_fmt(ci[0])}, {_fmt(ci[1])}]", c.get("op", ""),
+                      _fmt(c.get("target", "")), c.get("verdict", "?"))
+        console.print(t)
+    if not payload.get("valid", True):
+        console.print("[bold red]invalid:[/] " + "; ".join(payload.get("invalid_reasons", [])))
 
 
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
+
+
+def legacy_claim(text: str, measured: float, target: float, op: str = ">=") -> dict[str, Any]:
+    """A point-estimate claim of the old contract (no paper, quantity, units or CI).
+
+    Kept only while benchmarks move to :func:`claim`; a benchmark that still emits one
+    is written with ``valid: false``.
+    """
+    import operator
+
+    ops = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
+    if op not in ops:
+        raise ValueError(f"`op`={op!r}, expected one of {sorted(ops)}.")
+    measured = float(measured)
+    return {"claim": text, "measured": measured, "target": float(target), "op": op,
+            "holds": bool(ops[op](measured, target))}

@@ -57,7 +57,7 @@ from lit_lowrank.adapters.diagnostics import (
     update_cosine,
 )
 from lit_lowrank.benchmarks._timing import interleaved_medians
-from lit_lowrank.benchmarks.harness import BenchmarkResult, claim
+from lit_lowrank.benchmarks.harness import BenchmarkResult, legacy_claim
 from lit_lowrank.ops.lowrank import effective_rank_of, stable_rank_of
 from lit_lowrank.ops.sds_lora import lora_factor_grads, sds_factor_grads
 
@@ -345,39 +345,39 @@ def _run(quick: bool, seed: int) -> BenchmarkResult:
 
     claims = []
     c = {(r["method"], r["kappa"]): r["loss_final"] for r in cond if r["lr"] == 0.05}
-    claims.append(claim("SDS-LoRA: lower loss than LoRA after 100 SGD steps at κ=100 (LoRA/SDS loss ratio)",
+    claims.append(legacy_claim("SDS-LoRA: lower loss than LoRA after 100 SGD steps at κ=100 (LoRA/SDS loss ratio)",
                         c[("lora", 100.0)] / max(c[("sds_lora", 100.0)], 1e-12), 1.0, ">"))
-    claims.append(claim("SDS-LoRA: convergence does not degrade with κ (loss at κ=1000 / loss at κ=1)",
+    claims.append(legacy_claim("SDS-LoRA: convergence does not degrade with κ (loss at κ=1000 / loss at κ=1)",
                         c[("sds_lora", 1000.0)] / max(c[("sds_lora", 1.0)], 1e-12), 2.0, "<="))
-    claims.append(claim("LoRA: convergence degrades with κ (loss at κ=1000 / loss at κ=1)",
+    claims.append(legacy_claim("LoRA: convergence degrades with κ (loss at κ=1000 / loss at κ=1)",
                         c[("lora", 1000.0)] / max(c[("lora", 1.0)], 1e-12), 2.0, ">"))
     lora_ft = _row(ft, method="lora")
     if "sds_lora" in methods:
         sds_ft = _row(ft, method="sds_lora")
-        claims.append(claim("SDS-LoRA: higher adapter-gradient effective rank than LoRA (fine-tuning, ratio)",
+        claims.append(legacy_claim("SDS-LoRA: higher adapter-gradient effective rank than LoRA (fine-tuning, ratio)",
                             sds_ft["grad_erank"] / lora_ft["grad_erank"], 1.0, ">"))
-        claims.append(claim("SDS-LoRA: update better aligned with the full gradient than LoRA's (cosine difference)",
+        claims.append(legacy_claim("SDS-LoRA: update better aligned with the full gradient than LoRA's (cosine difference)",
                             sds_ft["update_cosine"] - lora_ft["update_cosine"], 0.0, ">"))
-        claims.append(claim("SDS-LoRA: smaller gap to full fine-tuning than LoRA (val-loss gap difference)",
+        claims.append(legacy_claim("SDS-LoRA: smaller gap to full fine-tuning than LoRA (val-loss gap difference)",
                             lora_ft["gap_to_full"] - sds_ft["gap_to_full"], 0.0, ">"))
     if "sama" in methods:
         lora_r = [r for r in ranks if r["method"] == "lora"]
         sama_r = [r for r in ranks if r["method"] == "sama"]
-        claims.append(claim("SaMA: effective rank grows ~quadratically with the budget (log-log slope)",
+        claims.append(legacy_claim("SaMA: effective rank grows ~quadratically with the budget (log-log slope)",
                             _loglog_slope([r["budget"] for r in sama_r], [r["effective_rank"] for r in sama_r]),
                             1.5, ">="))
-        claims.append(claim("LoRA: effective rank grows ~linearly with the budget (log-log slope)",
+        claims.append(legacy_claim("LoRA: effective rank grows ~linearly with the budget (log-log slope)",
                             _loglog_slope([r["budget"] for r in lora_r], [r["effective_rank"] for r in lora_r]),
                             1.2, "<="))
-        claims.append(claim("SaMA: fits a full-rank ΔW* better than LoRA at equal parameters (LoRA/SaMA rel. error)",
+        claims.append(legacy_claim("SaMA: fits a full-rank ΔW* better than LoRA at equal parameters (LoRA/SaMA rel. error)",
                             _row(fit, method="lora", target="full_rank")["rel_error"]
                             / _row(fit, method="sama", target="full_rank")["rel_error"], 1.0, ">"))
     if "polar" in methods:
-        claims.append(claim("PoLAR: fine-tuned ΔW has a higher stable rank than LoRA's (ratio)",
+        claims.append(legacy_claim("PoLAR: fine-tuned ΔW has a higher stable rank than LoRA's (ratio)",
                             _row(ft, method="polar")["delta_stable_rank"] / lora_ft["delta_stable_rank"], 1.0, ">"))
     for method in methods:
         if method != "lora" and method not in INHERENTLY_COSTLIER:
-            claims.append(claim(f"{method}: train-step time within 5% of LoRA's (ratio)",
+            claims.append(legacy_claim(f"{method}: train-step time within 5% of LoRA's (ratio)",
                                 _row(ft, method=method)["step_time_ratio"], 1.05, "<="))
     notes: dict[str, Any] = {"skipped": skipped, "finetune_model": "all-MiniLM-L6-v2"
                              + (" (first layer only)" if quick else ""), "fit_rank": 4, "finetune_rank": 8}

@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from lit_lowrank.benchmarks.harness import BenchmarkResult, claim
+from lit_lowrank.benchmarks.harness import BenchmarkResult, legacy_claim
 
 MODEL_CONFIG = {"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
                 "num_key_value_heads": 2, "head_dim": 16, "num_experts": 16, "num_experts_per_tok": 2,
@@ -247,13 +247,13 @@ def run(quick: bool = True, seed: int = 0) -> BenchmarkResult:
     method = lm["qat_replay_load"]
     others = [r["ppl_gap"] for k, r in lm.items() if k not in ("fp", "qat_replay_load")]
     claims = [
-        claim("replay-QAT + load-aware compensation has the smallest perplexity gap to FP (minus the next best)",
+        legacy_claim("replay-QAT + load-aware compensation has the smallest perplexity gap to FP (minus the next best)",
               method["ppl_gap"] - min(others), 0.0, "<"),
-        claim("routing agreement with FP: replay-QAT minus QAT without replay (load-aware ranks)",
+        legacy_claim("routing agreement with FP: replay-QAT minus QAT without replay (load-aware ranks)",
               method["agreement"] - lm["qat_noreplay_load"]["agreement"], 0.0, ">"),
-        claim("load-weighted residual energy, load-aware / uniform ranks at the same total rank (SVD init)",
+        legacy_claim("load-weighted residual energy, load-aware / uniform ranks at the same total rank (SVD init)",
               lm["svd_load"]["weighted_residual"] / lm["svd_uniform"]["weighted_residual"], 1.0, "<"),
-        claim("synthetic 16 experts, Dirichlet loads: greedy / uniform load-weighted residual",
+        legacy_claim("synthetic 16 experts, Dirichlet loads: greedy / uniform load-weighted residual",
               alloc["greedy"]["weighted_residual"] / alloc["uniform"]["weighted_residual"], 1.0, "<"),
     ]
     notes = {"target": "Qwen3-MoE 4 layers x 16 experts top-2, hidden 64, byte vocab, Lee corpus (cached)",

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from lit_lowrank.adapters.injector import inject_adapters
 from lit_lowrank.adapters.polar_landing import apply_landing_
 from lit_lowrank.adapters.polar_vbll import AlternatingSchedule, apply_polar_vbll, find_vbll_head
-from lit_lowrank.benchmarks.harness import BenchmarkResult, claim
+from lit_lowrank.benchmarks.harness import BenchmarkResult, legacy_claim
 from lit_lowrank.models.small import MLP
 from lit_lowrank.ops.calibration import OODAUROC, calibration_metrics
 from lit_lowrank.ops.laplace_ll import fit_last_layer_laplace
@@ -215,17 +215,17 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
         rows.append(row)
 
     claims = [
-        claim("PoLAR-VBLL ECE < LoRA MLE ECE", mean("polar_vbll", "ece") - mean("lora_mle", "ece"), 0.0, "<"),
-        claim("PoLAR-VBLL ECE < PoLAR MLE ECE", mean("polar_vbll", "ece") - mean("polar_mle", "ece"), 0.0, "<"),
-        claim("PoLAR-VBLL NLL < LoRA MLE NLL", mean("polar_vbll", "nll") - mean("lora_mle", "nll"), 0.0, "<"),
-        claim("PoLAR-VBLL NLL < PoLAR MLE NLL", mean("polar_vbll", "nll") - mean("polar_mle", "nll"), 0.0, "<"),
-        claim("similar accuracy: PoLAR-VBLL acc >= LoRA MLE acc - 0.03",
+        legacy_claim("PoLAR-VBLL ECE < LoRA MLE ECE", mean("polar_vbll", "ece") - mean("lora_mle", "ece"), 0.0, "<"),
+        legacy_claim("PoLAR-VBLL ECE < PoLAR MLE ECE", mean("polar_vbll", "ece") - mean("polar_mle", "ece"), 0.0, "<"),
+        legacy_claim("PoLAR-VBLL NLL < LoRA MLE NLL", mean("polar_vbll", "nll") - mean("lora_mle", "nll"), 0.0, "<"),
+        legacy_claim("PoLAR-VBLL NLL < PoLAR MLE NLL", mean("polar_vbll", "nll") - mean("polar_mle", "nll"), 0.0, "<"),
+        legacy_claim("similar accuracy: PoLAR-VBLL acc >= LoRA MLE acc - 0.03",
               mean("polar_vbll", "acc") - mean("lora_mle", "acc"), -0.03, ">="),
-        claim("one backbone forward per prediction (PoLAR-VBLL)", rows[-1]["forwards"], 1, "<="),
-        claim("MC-dropout / ensemble need several forwards (min of the two)",
+        legacy_claim("one backbone forward per prediction (PoLAR-VBLL)", rows[-1]["forwards"], 1, "<="),
+        legacy_claim("MC-dropout / ensemble need several forwards (min of the two)",
               min(rows[METHODS.index("mc_dropout")]["forwards"], rows[METHODS.index("ensemble")]["forwards"]), 2,
               ">="),
-        claim("PoLAR-VBLL ECE < last-layer Laplace ECE",
+        legacy_claim("PoLAR-VBLL ECE < last-layer Laplace ECE",
               mean("polar_vbll", "ece") - mean("lora_laplace", "ece"), 0.0, "<"),
     ]
     notes = {"labels_per_class": labels_per_class, "steps": steps, "mc_dropout_samples": mc_samples,

@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lit_lowrank.benchmarks._timing import interleaved_medians
-from lit_lowrank.benchmarks.harness import BenchmarkResult, claim
+from lit_lowrank.benchmarks.harness import BenchmarkResult, legacy_claim
 from lit_lowrank.ops.rubiconv import packed_long_conv
 
 #: (H, N, L) settings; L = None means L = N.
@@ -342,22 +342,22 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
     by = {m: [r for r in op if r["method"] == m] for m in {r["method"] for r in op}}
     lm = {r["method"]: r for r in rows if r["part"] == "lm"}
     claims = [
-        claim("RubiConv is exact: max relative error vs the float64 reference <= 1e-4",
+        legacy_claim("RubiConv is exact: max relative error vs the float64 reference <= 1e-4",
               max(r["max_rel_error"] for r in by["rubiconv"]), 1e-4, "<="),
-        claim("whole-pack FFT leaks across documents: its smallest max relative error >= 1e-2",
+        legacy_claim("whole-pack FFT leaks across documents: its smallest max relative error >= 1e-2",
               min(r["max_rel_error"] for r in by["whole_pack_fft"]), 1e-2, ">="),
-        claim("RubiConv is faster than the per-document loop at every size (min time ratio > 1)",
+        legacy_claim("RubiConv is faster than the per-document loop at every size (min time ratio > 1)",
               min(r["ratio_to_rubiconv"] for r in by["per_document_loop"]), 1.0, ">"),
-        claim("RubiConv is faster than pad-to-longest at every size (min time ratio > 1)",
+        legacy_claim("RubiConv is faster than pad-to-longest at every size (min time ratio > 1)",
               min(r["ratio_to_rubiconv"] for r in by["pad_to_longest"]), 1.0, ">"),
-        claim("RubiConv is faster than block-diagonal SDPA attention for N >= 4k (min time ratio > 1)",
+        legacy_claim("RubiConv is faster than block-diagonal SDPA attention for N >= 4k (min time ratio > 1)",
               min(r["ratio_to_rubiconv"] for r in by["attention_sdpa"] if r["N"] >= 4096), 1.0, ">"),
-        claim("LM: respecting boundaries gives lower validation loss than leaking, each evaluated as trained "
+        legacy_claim("LM: respecting boundaries gives lower validation loss than leaking, each evaluated as trained "
               "on packed windows (leaky - RubiConv, mean over paired seeds, > 0)",
               lm["leaky_whole_pack"]["val_loss_minus_rubiconv"], 0.0, ">"),
-        claim("LM: ... and on documents alone (both evaluated with boundaries; leaky - RubiConv > 0)",
+        legacy_claim("LM: ... and on documents alone (both evaluated with boundaries; leaky - RubiConv > 0)",
               lm["leaky_whole_pack"]["val_loss_per_document_minus_rubiconv"], 0.0, ">"),
-        claim("LM: with RubiConv a packed document's logits equal the document alone (max |diff| <= 1e-4)",
+        legacy_claim("LM: with RubiConv a packed document's logits equal the document alone (max |diff| <= 1e-4)",
               lm["rubiconv"]["doc_alone_max_logit_diff"], 1e-4, "<="),
     ]
     notes = {"threads": torch.get_num_threads(), "op_seconds": round(op_seconds, 1), "repeats": repeats,

@@ -19,7 +19,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from lit_lowrank.benchmarks.harness import BenchmarkResult, claim
+from lit_lowrank.benchmarks.harness import BenchmarkResult, legacy_claim
 from lit_lowrank.callbacks import SHOT, SafeCut
 from lit_lowrank.datamodules import DigitsDataModule, ShiftedDigitsDataModule
 from lit_lowrank.models import DigitPrototypeClassifier
@@ -124,16 +124,16 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
         return good / max(good + bad, 1)
 
     claims = [
-        claim("the gate makes cross-labels safer: corrections / (corrections + miscorrections) of SafeCut "
+        legacy_claim("the gate makes cross-labels safer: corrections / (corrections + miscorrections) of SafeCut "
               "minus that of naive exchange > 0", precision("safecut") - precision("naive"), 0, ">"),
-        claim("net correction positive: gated cross-labels that fix the adapted model minus those that "
+        legacy_claim("net correction positive: gated cross-labels that fix the adapted model minus those that "
               "break a right prediction (summed over steps, seeds, shifts) > 0", gate_net, 0, ">"),
-        claim("SafeCut mean target accuracy >= SHOT", mean_acc("safecut") - mean_acc("shot"), -EPS, ">="),
-        claim("SafeCut mean target accuracy >= one-way distillation",
+        legacy_claim("SafeCut mean target accuracy >= SHOT", mean_acc("safecut") - mean_acc("shot"), -EPS, ">="),
+        legacy_claim("SafeCut mean target accuracy >= one-way distillation",
               mean_acc("safecut") - mean_acc("one_way"), -EPS, ">="),
-        claim("SafeCut mean target accuracy >= naive mutual exchange",
+        legacy_claim("SafeCut mean target accuracy >= naive mutual exchange",
               mean_acc("safecut") - mean_acc("naive"), -EPS, ">="),
-        claim("with a bad second model SafeCut does not fall below SHOT",
+        legacy_claim("with a bad second model SafeCut does not fall below SHOT",
               mean_acc("safecut", 4.0, ("rotate",)) - mean_acc("shot", 4.0, ("rotate",)), -EPS, ">="),
     ]
     notes = {"seeds": seeds, "shifts": list(shifts), "epochs": epochs,

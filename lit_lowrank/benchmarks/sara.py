@@ -51,7 +51,7 @@ import torch
 from torch import Tensor
 
 from lit_lowrank.benchmarks._timing import interleaved_medians
-from lit_lowrank.benchmarks.harness import BenchmarkResult, claim
+from lit_lowrank.benchmarks.harness import BenchmarkResult, legacy_claim
 from lit_lowrank.callbacks.sara_controller import SARAController
 from lit_lowrank.ops.macs import count_macs
 from lit_lowrank.ops.sara import factored_macs
@@ -320,13 +320,13 @@ def _claims(rows: list[dict[str, Any]], budgets: tuple[float, ...], prefix: str 
                     if reached else math.inf)
     pair, dp_p, fewer_p = get("sara_dp+fewer_steps", pair_b), get("sara_dp", pair_b), get("fewer_steps", pair_b)
     claims = [
-        claim("full rank reproduces the original samples exactly (max |diff|)", full["max_abs"], 0.0, "<="),
-        claim(f"SARA-DP error / uniform-rank error at {b:.0%} MACs", dp / uni, 1.0, "<"),
-        claim(f"uniform-rank error / static-SVD error at {b:.0%} MACs", uni / sta, 1.0, "<"),
-        claim(f"SARA-Online error / SARA-DP error at {b_online:.0%} MACs (no calibration)", online_vs_dp, 1.5, "<="),
-        claim(f"SARA-DP + fewer steps: MACs speedup / best single speedup at {pair_b:.0%} each",
+        legacy_claim("full rank reproduces the original samples exactly (max |diff|)", full["max_abs"], 0.0, "<="),
+        legacy_claim(f"SARA-DP error / uniform-rank error at {b:.0%} MACs", dp / uni, 1.0, "<"),
+        legacy_claim(f"uniform-rank error / static-SVD error at {b:.0%} MACs", uni / sta, 1.0, "<"),
+        legacy_claim(f"SARA-Online error / SARA-DP error at {b_online:.0%} MACs (no calibration)", online_vs_dp, 1.5, "<="),
+        legacy_claim(f"SARA-DP + fewer steps: MACs speedup / best single speedup at {pair_b:.0%} each",
               min(dp_p["macs_total"], fewer_p["macs_total"]) / pair["macs_total"], 1.0, ">"),
-        claim("SARA-DP + fewer steps: error / (SARA-DP error + fewer-steps error)",
+        legacy_claim("SARA-DP + fewer steps: error / (SARA-DP error + fewer-steps error)",
               pair["rel_error"] / (dp_p["rel_error"] + fewer_p["rel_error"]), 1.0, "<="),
     ]
     for c in claims:

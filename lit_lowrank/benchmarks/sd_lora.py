@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from lit_lowrank.benchmarks._timing import interleaved_medians
-from lit_lowrank.benchmarks.harness import BenchmarkResult, claim
+from lit_lowrank.benchmarks.harness import BenchmarkResult, legacy_claim
 
 #: quick mode: q/k/v of the image tower + the text projection (the MiniLM transformer stays frozen, so its
 #: pooled prompt states are computed once); full mode: q/k/v of both towers (``QKV_TARGETS``).
@@ -181,14 +181,14 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
                          "ece_mean": statistics.mean(e for _, e in results[(name, shots)])})
     rows.append({"method": "sd_lora_vs_clip_lora_inference", "shots": 4, "seeds": 1, **cost})
     mean = {(r["method"], r["shots"]): r["acc_mean"] for r in rows if "acc_mean" in r}
-    claims = [claim(f"SD-LoRA mean accuracy > CLIP-LoRA at {k} shots (difference)",
+    claims = [legacy_claim(f"SD-LoRA mean accuracy > CLIP-LoRA at {k} shots (difference)",
                     mean[("sd_lora", k)] - mean[("clip_lora", k)], 0.0, ">") for k in shot_counts]
     # the teacher's own share: SD-LoRA vs the same LoRA recipe deployed with the same cache
-    claims += [claim(f"SD-LoRA mean accuracy > CLIP-LoRA + cache at {k} shots (difference)",
+    claims += [legacy_claim(f"SD-LoRA mean accuracy > CLIP-LoRA + cache at {k} shots (difference)",
                      mean[("sd_lora", k)] - mean[("clip_lora_cache", k)], 0.0, ">") for k in shot_counts]
     claims += [
-        claim("SD-LoRA inference time / CLIP-LoRA (interleaved medians)", cost["time_ratio"], 1.02, "<="),
-        claim("SD-LoRA inference MACs / CLIP-LoRA (cache counted)", cost["macs_ratio"], 1.02, "<="),
+        legacy_claim("SD-LoRA inference time / CLIP-LoRA (interleaved medians)", cost["time_ratio"], 1.02, "<="),
+        legacy_claim("SD-LoRA inference MACs / CLIP-LoRA (cache counted)", cost["macs_ratio"], 1.02, "<="),
     ]
     notes = {"lora_targets": targets, "steps": steps, "lr": lr, "sd_lora": SD_LORA_KWARGS,
              "task": "5-way N-shot on MNIST-5k digits 5-9; model pretrained on digits 0-4"}

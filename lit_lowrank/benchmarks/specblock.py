@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from lit_lowrank.benchmarks._tiny_lm import load_cached, train_and_cache
-from lit_lowrank.benchmarks.harness import BenchmarkResult, claim
+from lit_lowrank.benchmarks.harness import BenchmarkResult, legacy_claim
 from lit_lowrank.decoding import (
     EagleDrafter,
     MedusaDrafter,
@@ -297,14 +297,14 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
     by = {r["method"]: r for r in rows}
     sb, eg = by["specblock"], by["eagle"]
     claims = [
-        claim("SpecBlock speedup over plain decoding exceeds EAGLE-style's (ratio - 1)",
+        legacy_claim("SpecBlock speedup over plain decoding exceeds EAGLE-style's (ratio - 1)",
               sb["speedup_vs_plain"] / eg["speedup_vs_plain"] - 1, 0.0, ">"),
-        claim("SpecBlock drafting cost per round <= 55% of EAGLE-style's", sb["draft_cost_vs_eagle"], 0.55, "<="),
-        claim("every method's greedy output equals plain greedy decoding (fraction of methods)",
+        legacy_claim("SpecBlock drafting cost per round <= 55% of EAGLE-style's", sb["draft_cost_vs_eagle"], 0.55, "<="),
+        legacy_claim("every method's greedy output equals plain greedy decoding (fraction of methods)",
               sum(r["greedy_identical"] for r in rows) / len(rows), 1.0, ">="),
-        claim("the rank head raises tau over probability branching (tau ratio - 1)",
+        legacy_claim("the rank head raises tau over probability branching (tau ratio - 1)",
               sb["tau"] / by["specblock_no_rank_head"]["tau"] - 1, 0.0, ">"),
-        claim("the bandit adds a speedup on the shifting stream (bandit / SpecBlock speedup - 1)",
+        legacy_claim("the bandit adds a speedup on the shifting stream (bandit / SpecBlock speedup - 1)",
               by["specblock_bandit"]["speedup_vs_plain"] / sb["speedup_vs_plain"] - 1, 0.0, ">"),
     ]
     notes = {"target": "tiny byte-level Llama (4x128, 150 steps) trained on Lee" if quick else "SmolLM2-135M-Instruct",

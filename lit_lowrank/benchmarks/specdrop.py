@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lit_lowrank.benchmarks.harness import BenchmarkResult, claim
+from lit_lowrank.benchmarks.harness import BenchmarkResult, legacy_claim
 from lit_lowrank.mixins.specdrop import (
     SpecDropBranches,
     ablate_branch,
@@ -280,14 +280,14 @@ def _claims(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         by = {r["method"]: r for r in rows if r["task"] == task}
         spec = by["specdrop"]
         best = max(ROUTER_BASELINES, key=lambda m: by[m]["acc_mean"])
-        out.append(claim(f"{task}: SpecDrop accuracy >= best learned router ({best}), paired mean difference",
+        out.append(legacy_claim(f"{task}: SpecDrop accuracy >= best learned router ({best}), paired mean difference",
                          _paired(spec, by[best])[0], 0.0, ">="))
-        out.append(claim(f"{task}: SpecDrop accuracy > dense, paired mean difference",
+        out.append(legacy_claim(f"{task}: SpecDrop accuracy > dense, paired mean difference",
                          _paired(spec, by["dense"])[0], 0.0, ">"))
-        out.append(claim(f"{task}: SpecDrop sensitivity matrix diagonally dominant (fraction of branch rows)",
+        out.append(legacy_claim(f"{task}: SpecDrop sensitivity matrix diagonally dominant (fraction of branch rows)",
                          spec["diag_dominance"], 1.0, ">="))
         diff, half_width = _paired(by["specdrop_scrambled"], by["no_routing"])
-        out.append(claim(f"{task}: scrambled-tag SpecDrop within noise of No-Routing "
+        out.append(legacy_claim(f"{task}: scrambled-tag SpecDrop within noise of No-Routing "
                          "(|paired diff| / 95% half-width; <= 1: the CI covers 0)",
                          abs(diff) / max(half_width, 1e-4), 1.0, "<="))
     return out

@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_lowrank.benchmarks._timing import interleaved_medians
-from lit_lowrank.benchmarks.harness import BenchmarkResult, claim
+from lit_lowrank.benchmarks.harness import BenchmarkResult, legacy_claim
 from lit_lowrank.core.surgery import SURGERY_ATTR, replace_module
 from lit_lowrank.ops.quantization import (
     hadamard_block_size,
@@ -262,13 +262,13 @@ def run(quick: bool, seed: int = 0) -> BenchmarkResult:
     bpw_exact = max(abs(r["bpw"] - r["bpw_expected"]) for r in lm_q)
     bytes_gap = max(abs(r["bytes_bpw"] - r["bpw_with_side_data"]) for r in lm_q)
     claims = [
-        claim("SPHQuant perplexity <= RTN's at every budget (max ratio sph/rtn)", ppl_vs_rtn, 1.0, "<="),
-        claim("SPHQuant perplexity within 10% of GPTQ's, without rotations (max ratio sph/gptq)", ppl_vs_gptq, 1.10,
+        legacy_claim("SPHQuant perplexity <= RTN's at every budget (max ratio sph/rtn)", ppl_vs_rtn, 1.0, "<="),
+        legacy_claim("SPHQuant perplexity within 10% of GPTQ's, without rotations (max ratio sph/gptq)", ppl_vs_gptq, 1.10,
               "<="),
-        claim("heavy-tailed matrix: SPH relative MSE < RTN's at every budget (max ratio sph/rtn)", heavy_vs_rtn, 1.0,
+        legacy_claim("heavy-tailed matrix: SPH relative MSE < RTN's at every budget (max ratio sph/rtn)", heavy_vs_rtn, 1.0,
               "<"),
-        claim("heavy-tailed vs Gaussian degradation: SPH's minus RTN's (max over budgets)", degrade_gap, 0.0, "<"),
-        claim("reported bits/weight = format arithmetic (max abs difference)", bpw_exact, 1e-9, "<="),
-        claim("buffer bytes agree with reported bits/weight (max abs difference, bpw)", bytes_gap, 0.01, "<="),
+        legacy_claim("heavy-tailed vs Gaussian degradation: SPH's minus RTN's (max over budgets)", degrade_gap, 0.0, "<"),
+        legacy_claim("reported bits/weight = format arithmetic (max abs difference)", bpw_exact, 1e-9, "<="),
+        legacy_claim("buffer bytes agree with reported bits/weight (max abs difference, bpw)", bytes_gap, 0.01, "<="),
     ]
     return BenchmarkResult(rows, claims, notes)

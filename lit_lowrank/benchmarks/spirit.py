@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from lit_lowrank.benchmarks._tiny_lm import load_cached, train_and_cache
-from lit_lowrank.benchmarks.harness import BenchmarkResult, claim
+from lit_lowrank.benchmarks.harness import BenchmarkResult, legacy_claim
 from lit_lowrank.decoding import (
     AgreementSearchDrafter,
     LayerSkipDrafter,
@@ -189,12 +189,12 @@ def _run(cfg: dict[str, Any], seed: int) -> BenchmarkResult:
         rows.append(row)
     by = {r["method"]: r for r in rows}
     claims = [
-        claim("SPIRIT > agreement-only search in realised tokens/s (ratio)",
+        legacy_claim("SPIRIT > agreement-only search in realised tokens/s (ratio)",
               by["spirit"]["speedup"] / by["agreement_only"]["speedup"], 1.0, ">"),
-        claim("SPIRIT > plain decoding in tokens/s (paper: up to 1.74x)", by["spirit"]["speedup"], 1.0, ">"),
-        claim("after the domain switch SPIRIT is adapted again within 16 windows (0: speed never fell by delta)",
+        legacy_claim("SPIRIT > plain decoding in tokens/s (paper: up to 1.74x)", by["spirit"]["speedup"], 1.0, ">"),
+        legacy_claim("after the domain switch SPIRIT is adapted again within 16 windows (0: speed never fell by delta)",
               readapt if readapt is not None else float("inf"), 16, "<="),
-        claim("greedy output identical to plain decoding (all methods, all prompts)",
+        legacy_claim("greedy output identical to plain decoding (all methods, all prompts)",
               float(all(identical.values())), 1.0, ">="),
     ]
     notes = {"target": "8x96 byte Llama, 250 steps with sublayer drop on lee+text8 (cached)",

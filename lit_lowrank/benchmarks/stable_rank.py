@@ -47,7 +47,7 @@ from pathlib import Path
 
 import torch
 
-from lit_lowrank.benchmarks.harness import BenchmarkResult, claim
+from lit_lowrank.benchmarks.harness import BenchmarkResult, legacy_claim
 from lit_lowrank.datamodules.preference import degradation_pairs
 from lit_lowrank.datamodules.prompts import PromptDataModule, arithmetic_problems, arithmetic_reward
 from lit_lowrank.decoding.stable_rank import (
@@ -263,13 +263,13 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
         return next(r["accuracy"] for r in rows if r["section"] == section and r["method"] == method)
 
     claims = [
-        claim("pairwise: stable rank accuracy - mean log-prob accuracy > 0",
+        legacy_claim("pairwise: stable rank accuracy - mean log-prob accuracy > 0",
               acc("pairwise", "stable_rank") - acc("pairwise", "mean_log_prob"), 0.0, ">"),
-        claim("pairwise: stable rank accuracy - random accuracy > 0",
+        legacy_claim("pairwise: stable rank accuracy - random accuracy > 0",
               acc("pairwise", "stable_rank") - acc("pairwise", "random"), 0.0, ">"),
-        claim("Best-of-8: stable-rank selection accuracy - greedy accuracy > 0",
+        legacy_claim("Best-of-8: stable-rank selection accuracy - greedy accuracy > 0",
               acc("best_of_n", "stable_rank") - acc("best_of_n", "greedy"), 0.0, ">"),
-        claim("SR-GRPO (no external reward): task accuracy after - before > 0",
+        legacy_claim("SR-GRPO (no external reward): task accuracy after - before > 0",
               acc("sr_grpo", "sr_grpo_after") - acc("sr_grpo", "sr_grpo_before"), 0.0, ">"),
     ]
     notes = {"model": "SmolLM2-135M-Instruct (offline GGUF, dequantised) for pairwise and Best-of-N",

@@ -49,7 +49,7 @@ import torch
 from torch import Tensor
 
 from lit_lowrank.benchmarks._timing import interleaved_medians
-from lit_lowrank.benchmarks.harness import BenchmarkResult, claim
+from lit_lowrank.benchmarks.harness import BenchmarkResult, legacy_claim
 from lit_lowrank.callbacks.stac_r import STACRLinear, apply_checkpointing, apply_stac_r, galore_param_groups
 from lit_lowrank.ops.grad_cosine import gradient_cosine
 from lit_lowrank.ops.saved_surface import saved_surface
@@ -276,28 +276,28 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
     by = {r["method"]: r for r in rows}
     stac, svd, untracked, rand, ckpt = (by[v] for v in ("stac_r", "svd", "untracked", "random", "checkpoint"))
     claims = [
-        claim("peak saved-activation memory reduced >= 7%", stac["saved_reduction"], 0.07, ">="),
-        claim("mean weight-gradient cosine to exact >= 0.98", stac["grad_cosine_mean"], 0.98, ">="),
-        claim("validation perplexity within 1.5% of exact", stac["val_ppl"] / rows[0]["val_ppl"] - 1, 0.015, "<="),
-        claim("gradient cosine STAC-R > iso-byte SVD (difference)",
+        legacy_claim("peak saved-activation memory reduced >= 7%", stac["saved_reduction"], 0.07, ">="),
+        legacy_claim("mean weight-gradient cosine to exact >= 0.98", stac["grad_cosine_mean"], 0.98, ">="),
+        legacy_claim("validation perplexity within 1.5% of exact", stac["val_ppl"] / rows[0]["val_ppl"] - 1, 0.015, "<="),
+        legacy_claim("gradient cosine STAC-R > iso-byte SVD (difference)",
               stac["grad_cosine_mean"] - svd["grad_cosine_mean"], 0.0, ">"),
-        claim("gradient cosine iso-byte SVD > untracked (difference)",
+        legacy_claim("gradient cosine iso-byte SVD > untracked (difference)",
               svd["grad_cosine_mean"] - untracked["grad_cosine_mean"], 0.0, ">"),
-        claim("STAC-R Pareto-dominant: higher cosine at bytes within 1% (fraction of budgets)",
+        legacy_claim("STAC-R Pareto-dominant: higher cosine at bytes within 1% (fraction of budgets)",
               sum(dominated) / len(dominated), 1.0, ">="),
-        claim("measured reduction <= SSP bound (SSP - measured)", report.ssp - stac["saved_reduction"], 0.0, ">="),
-        claim("SwiGLU variant flagged by the predictor (memory-increasing layers)",
+        legacy_claim("measured reduction <= SSP bound (SSP - measured)", report.ssp - stac["saved_reduction"], 0.0, ">="),
+        legacy_claim("SwiGLU variant flagged by the predictor (memory-increasing layers)",
               len(swiglu_report.increasing), 1, ">="),
         # baselines (ours, not the paper's): the iso-byte random projection loses to the tracked basis, and
         # checkpointing stays exact (it trades memory for recompute time, reported in the rows)
-        claim("gradient cosine STAC-R > iso-byte random projection (difference)",
+        legacy_claim("gradient cosine STAC-R > iso-byte random projection (difference)",
               stac["grad_cosine_mean"] - rand["grad_cosine_mean"], 0.0, ">"),
-        claim("activation checkpointing: gradient cosine to exact (1 = exact)", ckpt["grad_cosine_mean"],
+        legacy_claim("activation checkpointing: gradient cosine to exact (1 = exact)", ckpt["grad_cosine_mean"],
               0.999999, ">="),
     ]
     if "stac_r+galore" in by:
         turbo = by["stac_r+galore"]
-        claims.append(claim("Turbo (STAC-R + GaLore): peak total MiB below STAC-R and GaLore alone (margin MiB)",
+        claims.append(legacy_claim("Turbo (STAC-R + GaLore): peak total MiB below STAC-R and GaLore alone (margin MiB)",
                             min(stac["peak_total_mib"], by["galore"]["peak_total_mib"]) - turbo["peak_total_mib"],
                             0.0, ">"))
     notes = {**{k: v for k, v in cfg.items()}, "residual_density": DENSITY, "target": TARGET,

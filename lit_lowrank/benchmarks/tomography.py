@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from lit_lowrank.benchmarks.harness import BenchmarkResult, claim
+from lit_lowrank.benchmarks.harness import BenchmarkResult, legacy_claim
 from lit_lowrank.datamodules.homodyne import HomodyneDataModule
 from lit_lowrank.ops.homodyne import fidelity_to_pure, purity, reduced_density_matrix
 from lit_lowrank.ops.imle import imle_reconstruct
@@ -84,11 +84,11 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
 
     top, mid, low = shots_list[-1], shots_list[-2], shots_list[0]
     claims = [
-        claim(f"high noise, {top} shots: fidelity NN+MSW1 - iMLE > 0",
+        legacy_claim(f"high noise, {top} shots: fidelity NN+MSW1 - iMLE > 0",
               fid("nn_msw1", "high", top) - fid("imle", "high", top), 0.0, ">"),
-        claim(f"high noise: NN+MSW1 fidelity improves from {mid} to {top} shots",
+        legacy_claim(f"high noise: NN+MSW1 fidelity improves from {mid} to {top} shots",
               fid("nn_msw1", "high", top) - fid("nn_msw1", "high", mid), 0.0, ">"),
-        claim(f"{low} shots: fidelity NN+MSW1 - NN+NLL > 0 (mean over noise levels)",
+        legacy_claim(f"{low} shots: fidelity NN+MSW1 - NN+NLL > 0 (mean over noise levels)",
               sum(fid("nn_msw1", n, low) - fid("nn_nll", n, low) for n in noises) / len(noises), 0.0, ">"),
     ]
     return BenchmarkResult(rows, claims, notes={"cutoff": cutoff, "phases_per_mode": phases, "steps": steps, "restarts": restarts, "restart_selection": "records' NLL",

@@ -1,0 +1,169 @@
+"""Results as data: the README's and the cards' benchmark tables, generated from ``docs/results/*.json``.
+
+``docs/results/<name>.json`` is the JSON of the last quick run (``<name>.full.json`` of a
+full run, where one was made). Markdown files carry generated blocks between markers:
+
+- ``README.md``: ``<!-- benchmarks-table:start -->`` ... ``<!-- benchmarks-table:end -->``,
+  one row per benchmark;
+- any ``docs/**/*.md``: ``<!-- results:NAME:start -->`` ... ``<!-- results:NAME:end -->``,
+  the claims, controls and rows of benchmark ``NAME``.
+
+``lit-lowrank bench --table`` rewrites the blocks; ``--table --check`` only reports which
+differ (a test runs it, so numbers in the docs cannot drift from what ran).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+README_START, README_END = "<!-- benchmarks-table:start -->", "<!-- benchmarks-table:end -->"
+_BLOCK = re.compile(r"<!-- results:(?P<name>[\w.]+):start -->\n.*?<!-- results:(?P=name):end -->", re.S)
+MAX_ROWS = 40
+
+
+def repo_root(start: Path | None = None) -> Path:
+    """The checkout holding ``docs/results`` (the cwd, or the package's parent)."""
+    candidates = [start] if start is not None else [Path.cwd(), Path(__file__).resolve().parents[2]]
+    for c in candidates:
+        if c is not None and (c / "docs" / "results").is_dir():
+            return c
+    raise FileNotFoundError(f"no docs/results folder under {[str(c) for c in candidates]}: run from the "
+                            "lit_lowrank checkout or pass `--root`.")
+
+
+def load_results(root: Path) -> dict[str, dict[str, Any]]:
+    """``{name: payload}`` for every ``docs/results/<name>.json`` (``name`` keeps a ``.full`` suffix)."""
+    out = {}
+    for path in sorted((root / "docs" / "results").glob("*.json")):
+        out[path.stem] = json.loads(path.read_text())
+    return out
+
+
+def fmt(value: Any) -> str:
+    """Four significant digits for floats, ``—`` for missing values."""
+    if value is None or value == "":
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
+            return f"{value:.3g}"
+        return f"{value:.4g}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(fmt(v) for v in value) + "]"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _ci(c: dict[str, Any]) -> str:
+    ci = c.get("ci")
+    return "—" if not ci else f"[{fmt(ci[0])}, {fmt(ci[1])}]"
+
+
+def _claims_table(items: Sequence[dict[str, Any]]) -> list[str]:
+    lines = ["| claim | paper | quantity | n | estimate | 95% CI | target | verdict |",
+             "|---|---|---|---|---|---|---|---|"]
+    for c in items:
+        lines.append(f"| {fmt(c.get('claim'))} | {fmt(c.get('paper'))} | {fmt(c.get('quantity'))} | "
+                     f"{fmt(c.get('n'))} {fmt(c.get('unit', ''))} | {fmt(c.get('estimate'))} | {_ci(c)} | "
+                     f"{c.get('op', '')} {fmt(c.get('target'))} | **{c.get('verdict', '?')}** |")
+    return lines
+
+
+def _rows_table(rows: Sequence[dict[str, Any]]) -> list[str]:
+    cols: list[str] = []
+    for row in rows:
+        cols += [k for k in row if k not in cols]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in rows[:MAX_ROWS]:
+        lines.append("| " + " | ".join(fmt(row.get(c, "")) for c in cols) + " |")
+    if len(rows) > MAX_ROWS:
+        lines.append(f"\n*{len(rows) - MAX_ROWS} more rows in the JSON.*")
+    return lines
+
+
+def _run_line(name: str, p: dict[str, Any]) -> str:
+    machine = p.get("machine") or {}
+    where = f"{machine.get('cpus', '?')} CPUs" if p.get("device") == "cpu" else machine.get("gpu", p.get("device"))
+    return (f"*Generated from `docs/results/{name}.json` by `lit-lowrank bench --table`: "
+            f"{'quick' if p.get('quick') else 'full'} run of {p.get('date', '?')}, {where}, "
+            f"{fmt(p.get('seconds'))} s, seed {p.get('seed', 0)}. Do not edit by hand.*")
+
+
+def card_block(name: str, payload: dict[str, Any]) -> str:
+    """The generated markdown of one benchmark run: claims, controls, validity, rows."""
+    lines = [_run_line(name, payload), ""]
+    if not payload.get("valid", False):
+        reasons = payload.get("invalid_reasons") or ["not run under the claims protocol"]
+        lines += [f"**Invalid run**: {'; '.join(fmt(r) for r in reasons)}.", ""]
+    lines += ["**Claims**", ""] + _claims_table(payload.get("claims", []))
+    lines += ["", "**Controls** (the same quantity where the claim must not hold)", ""]
+    lines += _claims_table(payload.get("controls", []))
+    rows = payload.get("summary") or payload.get("rows", [])
+    lines += ["", "**Summary**" if payload.get("summary") else "**Rows**", ""] + _rows_table(rows)
+    return "\n".join(lines)
+
+
+def readme_table(results: dict[str, dict[str, Any]], root: Path | None = None) -> str:
+    """One README row per benchmark (the quick run), verdict counts and each claim's verdict."""
+    lines = ["| benchmark | claims (quick run) | holds / fails / inconclusive | controls | valid | seconds |",
+             "|---|---|---|---|---|---|"]
+    for name, p in results.items():
+        if name.endswith(".full"):
+            continue
+        claims, controls = p.get("claims", []), p.get("controls", [])
+        counts = [sum(c.get("verdict") == v for c in claims) for v in ("holds", "fails", "inconclusive")]
+        text = "<br>".join(f"{c.get('verdict', '?')}: {fmt(c.get('claim'))} ({fmt(c.get('estimate'))}, CI "
+                           f"{_ci(c)})" for c in claims)
+        ctl = "<br>".join(f"{c.get('verdict', '?')}: {fmt(c.get('claim'))}" for c in controls) or "none"
+        card = f"docs/methods/{name}.md"
+        if root is not None and not (root / card).exists():
+            card = "docs/benchmarks.md"
+        label = f"[`{name}`]({card})"
+        lines.append(f"| {label} | {text} | {' / '.join(map(str, counts))} | {ctl} | "
+                     f"{fmt(bool(p.get('valid')))} | {fmt(p.get('seconds'))} |")
+    return "\n".join(lines)
+
+
+def _replace_blocks(text: str, results: dict[str, dict[str, Any]], where: Path) -> str:
+    def sub(m: re.Match[str]) -> str:
+        name = m.group("name")
+        if name not in results:
+            raise FileNotFoundError(f"{where}: a results block names {name!r} but docs/results/{name}.json "
+                                    "does not exist.")
+        return f"<!-- results:{name}:start -->\n{card_block(name, results[name])}\n<!-- results:{name}:end -->"
+
+    return _BLOCK.sub(sub, text)
+
+
+def sync_tables(root: Path, check: bool = False) -> list[str]:
+    """Rewrite (or, with ``check``, only compare) every generated block; return the files that differ."""
+    results = load_results(root)
+    changed = []
+    readme = root / "README.md"
+    files = [readme, *sorted((root / "docs").rglob("*.md"))]
+    for path in files:
+        text = path.read_text()
+        new = _replace_blocks(text, results, path)
+        if path == readme:
+            if README_START not in new or README_END not in new:
+                raise ValueError(f"{path} lacks the {README_START} / {README_END} markers.")
+            head, rest = new.split(README_START, 1)
+            _, tail = rest.split(README_END, 1)
+            new = f"{head}{README_START}\n{readme_table(results, root)}\n{README_END}{tail}"
+        if new != text:
+            changed.append(str(path.relative_to(root)))
+            if not check:
+                path.write_text(new)
+    return changed
+
+
+def referenced_blocks(root: Path) -> set[str]:
+    """Names of the results blocks the docs carry."""
+    names = set()
+    for path in sorted((root / "docs").rglob("*.md")):
+        names |= {m.group("name") for m in _BLOCK.finditer(path.read_text())}
+    return names
