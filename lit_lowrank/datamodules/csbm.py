@@ -9,6 +9,7 @@ total signal (graph + features) stays fixed by ``epsilon``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -76,27 +77,101 @@ def contextual_sbm(
     v = torch.ones(n)
     v[n // 2 :] = -1.0
     v = v[torch.randperm(n, generator=gen)]
+    same = torch.tensor([[p_in, p_out], [p_out, p_in]])
+    edge_index = _sample_edges(lambda i: same[(v[i, None] < 0).long(), (v[None, :] < 0).long()], n, gen)
+    x = _features(v, torch.full((n,), mu), num_features, gen)
+    y = (v > 0).long()
+    return Data(x=x, edge_index=edge_index, y=y, phi=float(phi))
 
-    # Upper-triangular Bernoulli draws, a block of rows at a time to bound memory.
+
+def mixed_csbm(
+    num_nodes: int = 1000,
+    num_features: int = 100,
+    phis: tuple[float, ...] = (-0.75, 0.75),
+    avg_degree: float = 5.0,
+    epsilon: float = 3.25,
+    cross_fraction: float = 0.2,
+    seed: int = 0,
+) -> Data:
+    """A cSBM whose homophily varies across nodes: one cSBM regime per entry of ``phis``.
+
+    Nodes are split evenly (and class-balanced) into ``len(phis)`` regimes. Within regime
+    ``r`` edges follow a cSBM with angle ``phis[r]`` and expected degree
+    ``(1 - cross_fraction) · avg_degree``; across regimes, edges ignore labels (expected
+    degree ``cross_fraction · avg_degree``). Features follow each node's regime
+    (``mu`` of :func:`csbm_parameters` for its ``phi``). With ``phis = (-0.75, 0.75)`` half
+    the nodes live in a heterophilous and half in a homophilous neighbourhood, so a filter
+    shared by every node must compromise and per-node routing has something to use — the
+    regime is not in the features, only in the neighbourhood.
+
+    Returns:
+        ``Data(x, edge_index, y, regime (n,) long)``.
+
+    Example:
+        .. code-block:: python
+
+            data = mixed_csbm(num_nodes=600, phis=(-0.75, 0.75), seed=0)
+            local_homophily(data.edge_index, data.y)[data.regime == 0].mean()   # about 0.1
+    """
+    if not phis:
+        raise ValueError("`phis`: expected at least one regime angle.")
+    if not 0.0 <= cross_fraction < 1.0:
+        raise ValueError(f"`cross_fraction`={cross_fraction!r}: expected a fraction in [0, 1).")
+    n, regimes = num_nodes, len(phis)
+    gen = torch.Generator().manual_seed(seed)
+    v = torch.ones(n)
+    v[n // 2 :] = -1.0
+    # regimes class-balanced: alternate regimes within each class, then shuffle nodes
+    regime = torch.cat([torch.arange(n // 2) % regimes, torch.arange(n - n // 2) % regimes])
+    perm = torch.randperm(n, generator=gen)
+    v, regime = v[perm], regime[perm]
+    size = torch.bincount(regime, minlength=regimes).float()
+    d_in, d_cross = (1 - cross_fraction) * avg_degree, cross_fraction * avg_degree
+    p_same = torch.zeros(regimes, 2)  # [regime, same label?] within-regime probabilities
+    mu = torch.zeros(n)
+    for r, phi in enumerate(phis):
+        lam, mu_r = csbm_parameters(phi, num_nodes, num_features, epsilon)
+        p_in, p_out = (d_in + lam * math.sqrt(d_in)) / size[r], (d_in - lam * math.sqrt(d_in)) / size[r]
+        if not (0 <= p_in <= 1 and 0 <= p_out <= 1):
+            raise ValueError(f"phis[{r}]={phi}: edge probabilities ({p_in:.4f}, {p_out:.4f}) leave [0, 1]; "
+                             "lower |phi| or raise avg_degree.")
+        p_same[r] = torch.tensor([p_out, p_in])
+        mu[regime == r] = mu_r
+    p_cross = d_cross / max(float(n - size.max()), 1.0)
+
+    def prob(i: Tensor) -> Tensor:
+        same_regime = regime[i, None] == regime[None, :]
+        within = p_same[regime[i]][:, None, :].expand(-1, n, -1)
+        same_label = (v[i, None] == v[None, :]).long()
+        p = within.gather(2, same_label[..., None])[..., 0]
+        return torch.where(same_regime, p, torch.tensor(p_cross))
+
+    edge_index = _sample_edges(prob, n, gen)
+    x = _features(v, mu, num_features, gen)
+    return Data(x=x, edge_index=edge_index, y=(v > 0).long(), regime=regime, phis=tuple(phis))
+
+
+def _sample_edges(prob: Callable[[Tensor], Tensor], n: int, gen: torch.Generator) -> Tensor:
+    """Undirected edges from upper-triangular Bernoulli draws with ``prob(rows) -> (len(rows), n)``,
+    a block of rows at a time to bound memory."""
     rows, cols = [], []
     block = max(1, 2**22 // n)
     for first in range(0, n, block):
         i = torch.arange(first, min(first + block, n))
-        same = v[i, None] == v[None, :]
-        prob = torch.where(same, torch.tensor(p_in), torch.tensor(p_out))
         upper = torch.arange(n)[None, :] > i[:, None]
-        hit = (torch.rand(prob.shape, generator=gen) < prob) & upper
+        hit = (torch.rand((i.numel(), n), generator=gen) < prob(i)) & upper
         r, c = torch.nonzero(hit, as_tuple=True)
         rows.append(i[r])
         cols.append(c)
-    edge_index = to_undirected(torch.stack([torch.cat(rows), torch.cat(cols)]), num_nodes=n)
+    return to_undirected(torch.stack([torch.cat(rows), torch.cat(cols)]), num_nodes=n)
 
-    f = num_features
+
+def _features(v: Tensor, mu: Tensor, num_features: int, gen: torch.Generator) -> Tensor:
+    """``x_i = sqrt(mu_i / n) v_i u + Z_i / sqrt(f)`` with a shared ``u ~ N(0, I/f)``."""
+    n, f = v.numel(), num_features
     u = torch.randn(f, generator=gen) / math.sqrt(f)
     z = torch.randn(n, f, generator=gen)
-    x = math.sqrt(mu / n) * v[:, None] * u[None, :] + z / math.sqrt(f)
-    y = (v > 0).long()
-    return Data(x=x, edge_index=edge_index, y=y, phi=float(phi))
+    return torch.sqrt(mu / n)[:, None] * v[:, None] * u[None, :] + z / math.sqrt(f)
 
 
 def edge_homophily(edge_index: Tensor, y: Tensor) -> float:

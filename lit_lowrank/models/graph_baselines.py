@@ -38,6 +38,12 @@ from lit_lowrank.ops.graph_propagation import normalized_adjacency
 # ``lit_lowrank.models`` is imported by every task, graph or not.
 
 
+def _check_rate(name: str, value: float) -> float:
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"`{name}`={value!r}: expected a dropout probability in [0, 1).")
+    return float(value)
+
+
 class _LogitMLP(nn.Module):
     """``dropout -> Linear (-> ReLU)`` layers into class logits (the polynomial filters' H⁰)."""
 
@@ -164,19 +170,23 @@ class MixHopNet(nn.Module):
 
 
 class GPRGNN(nn.Module):
-    """GPR-GNN: ``Σ_k γ_k Âᵏ MLP(X)``, ``γ`` learned, initialised to personalised PageRank (``alpha``)."""
+    """GPR-GNN: ``Σ_k γ_k Âᵏ MLP(X)``, ``γ`` learned, initialised to personalised PageRank (``alpha``).
+
+    ``dprate``: dropout on the MLP's logits before propagation (the authors' code; 0.5 in their runs).
+    """
 
     def __init__(self, in_channels: int, out_channels: int, hidden_channels: int = 64, num_layers: int = 2,
-                 dropout: float = 0.5, K: int = 10, alpha: float = 0.1) -> None:
+                 dropout: float = 0.5, K: int = 10, alpha: float = 0.1, dprate: float = 0.0) -> None:
         super().__init__()
         self.mlp = _LogitMLP(in_channels, hidden_channels, out_channels, num_layers, dropout)
+        self.dprate = _check_rate("dprate", dprate)
         gamma = alpha * (1 - alpha) ** torch.arange(K + 1, dtype=torch.float32)
         gamma[-1] = (1 - alpha) ** K
         self.gamma = nn.Parameter(gamma)
         self.K = K
 
     def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        h = self.mlp(x)
+        h = F.dropout(self.mlp(x), self.dprate, self.training)
         adj = normalized_adjacency(edge_index, x.shape[0], dtype=h.dtype)
         out = self.gamma[0] * h
         for k in range(1, self.K + 1):
@@ -188,18 +198,20 @@ class GPRGNN(nn.Module):
 class BernNet(nn.Module):
     """BernNet: ``Σ_k θ_k C(K,k)/2^K (2I − L)^(K−k) L^k MLP(X)`` with ``θ = relu(θ_raw) ≥ 0`` (init 1).
 
-    ``L = I − D^(-1/2) A D^(-1/2)`` (no self loops, spectrum in ``[0, 2]``).
+    ``L = I − D^(-1/2) A D^(-1/2)`` (no self loops, spectrum in ``[0, 2]``). ``dprate``: dropout
+    on the logits before propagation (the authors' code; 0.5 in their runs).
     """
 
     def __init__(self, in_channels: int, out_channels: int, hidden_channels: int = 64, num_layers: int = 2,
-                 dropout: float = 0.5, K: int = 10) -> None:
+                 dropout: float = 0.5, K: int = 10, dprate: float = 0.0) -> None:
         super().__init__()
         self.mlp = _LogitMLP(in_channels, hidden_channels, out_channels, num_layers, dropout)
+        self.dprate = _check_rate("dprate", dprate)
         self.theta = nn.Parameter(torch.ones(K + 1))
         self.K = K
 
     def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        h = self.mlp(x)
+        h = F.dropout(self.mlp(x), self.dprate, self.training)
         adj = normalized_adjacency(edge_index, x.shape[0], self_loops=False, dtype=h.dtype)
         theta = F.relu(self.theta)
         powers = [h]  # L^k h
@@ -219,13 +231,15 @@ class ChebNetII(nn.Module):
 
     ``γ_j = relu(γ_raw_j)`` (init 1) are the filter's values at ``x_j = cos((j + 1/2)π/(K+1))``;
     ``w_k = 2/(K+1) Σ_j γ_j T_k(x_j)``; output ``w_0/2 h + Σ_{k≥1} w_k T_k(L̃) h`` with
-    ``L̃ = L − I = −D^(-1/2) A D^(-1/2)``.
+    ``L̃ = L − I = −D^(-1/2) A D^(-1/2)``. ``dprate``: dropout on the logits before propagation
+    (the authors' code; 0.5 in their runs).
     """
 
     def __init__(self, in_channels: int, out_channels: int, hidden_channels: int = 64, num_layers: int = 2,
-                 dropout: float = 0.5, K: int = 10) -> None:
+                 dropout: float = 0.5, K: int = 10, dprate: float = 0.0) -> None:
         super().__init__()
         self.mlp = _LogitMLP(in_channels, hidden_channels, out_channels, num_layers, dropout)
+        self.dprate = _check_rate("dprate", dprate)
         self.gamma = nn.Parameter(torch.ones(K + 1))
         nodes = torch.cos((torch.arange(K + 1) + 0.5) * math.pi / (K + 1))
         # T_k(x_j) by the recurrence: (K+1 orders, K+1 nodes)
@@ -236,7 +250,7 @@ class ChebNetII(nn.Module):
         self.K = K
 
     def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        h = self.mlp(x)
+        h = F.dropout(self.mlp(x), self.dprate, self.training)
         adj = normalized_adjacency(edge_index, x.shape[0], self_loops=False, dtype=h.dtype)
         coef = 2.0 / (self.K + 1) * self.cheb_at_nodes @ F.relu(self.gamma)
         t_prev, t = h, -torch.sparse.mm(adj, h)

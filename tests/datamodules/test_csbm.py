@@ -76,3 +76,31 @@ def test_phi_out_of_range_names_phi(phi):
 def test_impossible_degree_names_parameters():
     with pytest.raises(ValueError, match="avg_degree"):
         contextual_sbm(phi=1.0, avg_degree=1.0)
+
+
+def test_mixed_csbm_has_node_varying_homophily_and_balanced_regimes():
+    from lit_lowrank.datamodules.csbm import mixed_csbm
+    from lit_lowrank.ops.graph_propagation import local_homophily
+
+    data = mixed_csbm(num_nodes=600, num_features=50, phis=(-0.75, 0.75), seed=1)
+    assert is_undirected(data.edge_index) and not contains_self_loops(data.edge_index)
+    assert data.x.shape == (600, 50) and set(data.regime.tolist()) == {0, 1}
+    for r in (0, 1):  # class-balanced regimes
+        assert abs(float(data.y[data.regime == r].float().mean()) - 0.5) < 0.05
+    h = local_homophily(data.edge_index, data.y)
+    het, hom = float(h[data.regime == 0].nanmean()), float(h[data.regime == 1].nanmean())
+    assert het < 0.3 and hom > 0.7  # the regime shows in the neighbourhood ...
+    assert abs(data.edge_index.shape[1] / 600 - 5.0) < 1.0  # ... at the requested average degree
+    again = mixed_csbm(num_nodes=600, num_features=50, phis=(-0.75, 0.75), seed=1)
+    assert torch.equal(again.edge_index, data.edge_index) and torch.equal(again.x, data.x)
+
+
+def test_mixed_csbm_errors_name_the_parameter():
+    from lit_lowrank.datamodules.csbm import mixed_csbm
+
+    with pytest.raises(ValueError, match="phis"):
+        mixed_csbm(num_nodes=100, phis=())
+    with pytest.raises(ValueError, match="cross_fraction"):
+        mixed_csbm(num_nodes=100, cross_fraction=1.0)
+    with pytest.raises(ValueError, match=r"phis\[0\]"):
+        mixed_csbm(num_nodes=100, phis=(1.0,), avg_degree=1.0, epsilon=20.0)

@@ -59,3 +59,20 @@ def test_gprgnn_with_one_hot_gamma_is_a_power_of_a_hat():
         model.gamma.copy_(torch.tensor([0.0, 0.0, 1.0, 0.0]))
     expected = torch.linalg.matrix_power(_dense_operator(self_loops=True), 2) @ model.mlp(x)
     torch.testing.assert_close(model(x, EDGES), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("cls", ["GPRGNN", "BernNet", "ChebNetII"])
+def test_dprate_drops_logits_before_propagation_only_in_training(cls):
+    from lit_lowrank.models import graph_baselines as gb
+
+    torch.manual_seed(0)
+    x, edge_index = torch.randn(20, 8), torch.randint(0, 20, (2, 60))
+    model = getattr(gb, cls)(8, 3, dprate=0.9, dropout=0.0)
+    model.eval()
+    a = model(x, edge_index)
+    torch.testing.assert_close(a, model(x, edge_index))  # no dropout in eval
+    model.train()
+    torch.manual_seed(1)
+    assert not torch.allclose(model(x, edge_index), a)
+    with pytest.raises(ValueError, match="dprate"):
+        getattr(gb, cls)(8, 3, dprate=1.0)
