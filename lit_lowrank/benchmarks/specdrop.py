@@ -61,6 +61,7 @@ the gap of SpecDrop with scrambled tags and of No-Routing (no tag, no specialisa
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -70,6 +71,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lit_lowrank.benchmarks._workers import map_jobs, workers
 from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, paired
 from lit_lowrank.mixins.specdrop import (
     SpecDropBranches,
@@ -329,7 +331,7 @@ class Settings:
 
 
 QUICK = Settings(seeds=5, lrs=(1e-2, 3e-2), tasks=("hierarchical", "digits"),
-                 epochs={"hierarchical": 20, "digits": 20}, batch_size=256)
+                 epochs={"hierarchical": 16, "digits": 16}, batch_size=256)
 FULL = Settings(seeds=8, lrs=(3e-3, 1e-2, 3e-2), tasks=("hierarchical", "digits", "mnist5k"),
                 epochs={"hierarchical": 60, "digits": 60, "mnist5k": 6})
 
@@ -418,39 +420,45 @@ def _select(rows: list[dict[str, Any]], task: str, method: str, lrs: tuple[float
     return max(lrs, key=score)
 
 
+@functools.lru_cache(maxsize=16)
+def _dataset(task: str, seed: int) -> dict[str, Any]:
+    return _tasks(QUICK)[task].make(seed)
+
+
+def _row(quick: bool, task: str, method: str, seed: int, lr: float) -> dict[str, Any]:
+    """One training run (a worker job): the row of ``method`` on ``task`` at ``seed`` and ``lr``."""
+    spec = _tasks(QUICK if quick else FULL)[task]
+    return {"task": task, "method": method, "lr": lr, "seed": seed,
+            **train_and_measure(spec, method, _dataset(task, seed), seed, lr)}
+
+
 def run(quick: bool, seed: int) -> BenchmarkResult:
-    # One thread: the networks are tiny (Python-overhead bound), and on a shared 2-core
-    # machine two threads per op spin-wait far longer than they compute.
+    # One torch thread per process, two worker processes: the networks are tiny
+    # (Python-overhead bound), and two threads per op mostly spin-wait.
     torch.set_num_threads(1)
     settings = QUICK if quick else FULL
     seeds = [seed + i for i in range(settings.seeds)]
     tasks = _tasks(settings)
-    rows: list[dict[str, Any]] = []
-    selected: dict[tuple[str, str], float] = {}
+    jobs = [(quick, name, method, s, lr) for name in settings.tasks for s in seeds
+            for method in tasks[name].methods if method in TUNED for lr in settings.lrs]
+    rows: list[dict[str, Any]] = map_jobs(_row, jobs)
+    selected = {(name, method): _select(rows, name, method, settings.lrs)
+                for name in settings.tasks for method in tasks[name].methods if method in TUNED}
+    # controls: SpecDrop's selected configuration with one thing changed
+    jobs = [(quick, name, method, s, selected[(name, "specdrop")]) for name in settings.tasks for s in seeds
+            for method in CONTROLS]
+    rows += map_jobs(_row, jobs)
     for name in settings.tasks:
-        task = tasks[name]
-        datasets = {s: task.make(s) for s in seeds}
-        tuned = [m for m in task.methods if m in TUNED]
-        for s in seeds:
-            for method in tuned:
-                for lr in settings.lrs:
-                    rows.append({"task": name, "method": method, "lr": lr, "seed": s,
-                                 **train_and_measure(task, method, datasets[s], s, lr)})
-        for method in tuned:
-            selected[(name, method)] = _select(rows, name, method, settings.lrs)
-        for s in seeds:  # controls: SpecDrop's selected configuration with one thing changed
-            for method in CONTROLS:
-                lr = selected[(name, "specdrop")]
-                rows.append({"task": name, "method": method, "lr": lr, "seed": s,
-                             **train_and_measure(task, method, datasets[s], s, lr)})
-                selected[(name, method)] = lr
+        for method in CONTROLS:
+            selected[(name, method)] = selected[(name, "specdrop")]
     for row in rows:
         row["selected"] = selected[(row["task"], row["method"])] == row["lr"]
     notes = {"seeds": seeds, "lr_grid": list(settings.lrs), "epochs": {t: tasks[t].epochs for t in settings.tasks},
              "batch_size": {t: tasks[t].batch_size for t in settings.tasks},
              "selected_lr": {f"{t}/{m}": lr for (t, m), lr in selected.items()}, "p_active": P_ACTIVE,
              "p_inactive": P_INACTIVE, "tokens": TOKENS, "d_model": D_MODEL, "d_branch": D_BRANCH,
-             "lora_rank": LORA_RANK, "equivalence_margin": EQUIVALENCE_MARGIN, "threads": 1,
+             "lora_rank": LORA_RANK, "equivalence_margin": EQUIVALENCE_MARGIN,
+             "workers": f"{workers()} processes x 1 torch thread",
              "ablation": "renormalised (the remaining branches' weights rescaled to the old total; routers re-route)"}
     claims, controls = _claims(rows)
     return BenchmarkResult(rows, claims, controls, notes, summary=_summary(rows))

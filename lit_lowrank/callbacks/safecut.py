@@ -20,8 +20,9 @@ GRAPH_FEATURES: tuple[str, ...] = ("both", "own", "first", "second", "frozen")
 
 def _empty_counts() -> dict[str, float]:
     return {"to_first": 0, "to_second": 0, "none": 0, "corrections": 0, "miscorrections": 0,
-            "corrections_to_second": 0, "miscorrections_to_second": 0, "correction_weight": 0.0,
-            "miscorrection_weight": 0.0, "seen": 0}
+            "corrections_to_second": 0, "miscorrections_to_second": 0, "correction_weight_first": 0.0,
+            "miscorrection_weight_first": 0.0, "correction_weight_second": 0.0, "miscorrection_weight_second": 0.0,
+            "seen": 0}
 
 
 class SafeCut(MethodCallback):
@@ -227,15 +228,25 @@ class SafeCut(MethodCallback):
         c["miscorrections"] += int(break_a.sum())
         c["corrections_to_second"] += int(fix_b.sum())
         c["miscorrections_to_second"] += int(break_b.sum())
-        c["correction_weight"] += float((to_a * fix_a).sum() + (to_b * fix_b).sum())
-        c["miscorrection_weight"] += float((to_a * break_a).sum() + (to_b * break_b).sum())
+        c["correction_weight_first"] += float((to_a * fix_a).sum())
+        c["miscorrection_weight_first"] += float((to_a * break_a).sum())
+        c["correction_weight_second"] += float((to_b * fix_b).sum())
+        c["miscorrection_weight_second"] += float((to_b * break_b).sum())
         c["seen"] += int(y.numel())
 
-    def net_correction(self) -> float:
-        """Gate-weighted (corrections − miscorrections) / (corrections + miscorrections), both
-        directions, over every step so far: > 0 = a net-positive correction signal; a gate
-        blind to which model is right gives 0 in expectation. NaN before any taught label."""
-        good, bad = self.counts["correction_weight"], self.counts["miscorrection_weight"]
+    def net_correction(self, into: Literal["both", "first", "second"] = "both") -> float:
+        """Gate-weighted (corrections − miscorrections) / (corrections + miscorrections) of the
+        cross-labels over every step so far, taught to both models (``"both"``) or to one.
+
+        > 0: a net-positive correction signal. A gate blind to which model is right (a coin
+        flip per sample) gives 0 in expectation for ``"both"``; into one model, a blind gate
+        still scores the teacher's average edge. NaN before any taught label.
+        """
+        if into not in ("both", "first", "second"):
+            raise ValueError(f"`into`={into!r}, expected 'both', 'first' or 'second'.")
+        parts = ("first", "second") if into == "both" else (into,)
+        good = sum(self.counts[f"correction_weight_{p}"] for p in parts)
+        bad = sum(self.counts[f"miscorrection_weight_{p}"] for p in parts)
         return (good - bad) / (good + bad) if good + bad > 0 else float("nan")
 
     def on_validation_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any,

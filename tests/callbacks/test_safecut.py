@@ -173,5 +173,8 @@ def test_net_correction_counts_both_directions():
                torch.zeros(()))
     assert cb.counts["corrections"] > 0 and cb.counts["miscorrections"] == 0
     assert cb.counts["corrections_to_second"] == 0 and cb.counts["miscorrections_to_second"] == 0
-    assert cb.net_correction() == 1.0
+    assert cb.net_correction() == 1.0 and cb.net_correction("first") == 1.0
+    assert cb.net_correction("second") != cb.net_correction("second")  # NaN: nothing taught to the second
+    with pytest.raises(ValueError, match="`into`"):
+        cb.net_correction("third")
     assert SafeCut(Oracle()).net_correction() != SafeCut(Oracle()).net_correction()  # NaN before any label
