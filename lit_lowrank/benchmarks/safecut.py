@@ -65,6 +65,7 @@ from lit_lowrank.tasks import ClassificationModule
 TUNED = ("shot", "one_way", "naive", "safecut")
 GRAPH_VARIANTS = ("both", "first", "frozen")
 CONTROLS = ("control_shuffled_gate", "control_permuted_second")
+NAMES = {"shot": "SHOT", "one_way": "one-way distillation", "naive": "naive exchange"}
 PAPER_NET = ("this reliability-gated mechanism guarantees a net-positive correction signal; selectively "
              "amplifying true corrections while suppressing miscorrections on a per-sample basis")
 PAPER_ACC = {
@@ -303,12 +304,12 @@ def _claims(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict
         for base in ("shot", "one_way", "naive"):
             ours, theirs, units = paired(chosen, "test_acc", {"shift": shift, "method": "safecut"},
                                          {"shift": shift, "method": base})
-            claims.append(claim(f"{shift}: SafeCut's adapted model above {base}", paper=PAPER_ACC[base],
+            claims.append(claim(f"{shift}: SafeCut's adapted model above {NAMES[base]}", paper=PAPER_ACC[base],
                                 quantity=acc_quantity.format(base), values=ours, baseline=theirs, units=units,
                                 target=0.0, op=">"))
         shuffled, seeds = values("control_shuffled_gate")
-        controls.append(claim(f"{shift}: a gate with cut statistics shuffled across samples is a net-positive "
-                              "correction signal", paper=PAPER_NET, quantity=net_quantity, values=shuffled,
+        controls.append(claim(f"{shift}: a gate with cut statistics shuffled across samples and models is a "
+                              "net-positive correction signal", paper=PAPER_NET, quantity=net_quantity, values=shuffled,
                               units=seeds, target=0.0, op=">"))
         permuted, seeds = values("control_permuted_second", "net_correction_first")
         controls.append(claim(f"{shift}: with a label-permuted second model, net-positive correction of the adapted "
