@@ -399,7 +399,8 @@ def train_and_measure(task: Task, method: str, data: dict[str, Any], seed: int, 
     return row
 
 
-def _specialisation(model: nn.Module, task: Task, data: dict[str, Any], tags: Tensor, correct: Tensor) -> dict[str, float]:
+def _specialisation(model: nn.Module, task: Task, data: dict[str, Any], tags: Tensor,
+                    correct: Tensor) -> dict[str, float]:
     """Pruning sensitivity per *true* category (renormalised ablation): gap and dominance."""
     cats = data["num_categories"]
     sums, counts = per_category_mean(correct, data["c_test"], cats)
@@ -518,9 +519,9 @@ def _claims(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict
         ours, theirs, units = paired(chosen, "test_acc", {"task": task, "method": "specdrop_scrambled"},
                                      {"task": task, "method": "no_routing"})
         claims.append(claim(f"{task}: with tags scrambled SpecDrop within {EQUIVALENCE_MARGIN:g} of No-Routing",
-                            paper=PAPER["broken"], quantity="test acc(SpecDrop, scrambled tags) - test acc(No-Routing), "
-                            "fraction", values=ours, baseline=theirs, units=units, target=EQUIVALENCE_MARGIN,
-                            op="within"))
+                            paper=PAPER["broken"],
+                            quantity="test acc(SpecDrop, scrambled tags) - test acc(No-Routing), fraction",
+                            values=ours, baseline=theirs, units=units, target=EQUIVALENCE_MARGIN, op="within"))
         for method, what in (("specdrop_tied", "weight-tied identical branches"),
                              ("specdrop_scrambled", "scrambled tags"), ("no_routing", "No-Routing")):
             gap, units = metric(method, "specialization_gap")

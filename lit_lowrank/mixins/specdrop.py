@@ -625,7 +625,8 @@ def ablate_branch(model: nn.Module, branch: int, renormalise: bool = True) -> It
     for block in blocks:
         if not 0 <= branch < block.num_branches:
             raise ValueError(f"`branch`={branch!r}: expected an index in [0, {block.num_branches}).")
-    with temporarily_set(blocks, "ablation_renormalise", renormalise), temporarily_set(blocks, "ablated_branch", branch):
+    with temporarily_set(blocks, "ablation_renormalise", renormalise), \
+            temporarily_set(blocks, "ablated_branch", branch):
         yield
 
 
