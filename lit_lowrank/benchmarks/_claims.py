@@ -8,6 +8,9 @@ compared. Its verdict is three-valued:
 - ``fails``: the whole CI lies on the wrong side;
 - ``inconclusive``: the CI straddles the target (or there is one unit only).
 
+``op="within"`` is an equivalence claim ("matches"): ``|estimate| <= target``, holding
+when the whole CI lies in ``[-target, target]`` and failing when it lies wholly outside.
+
 .. code-block:: python
 
     from lit_lowrank.benchmarks.harness import claim, paired
@@ -30,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-_OPS = (">=", ">", "<=", "<")
+_OPS = (">=", ">", "<=", "<", "within")
 _COMPARE = ("difference", "ratio")
 _CI = ("t", "bootstrap")
 BOOTSTRAP_RESAMPLES = 10_000
@@ -79,6 +82,9 @@ def verdict_of(ci: tuple[float, float] | None, target: float, op: str) -> str:
         return "holds" if lo > target else "fails" if hi <= target else "inconclusive"
     if op == "<=":
         return "holds" if hi <= target else "fails" if lo > target else "inconclusive"
+    if op == "within":  # equivalence: the CI inside [-target, target]
+        return "holds" if -target <= lo and hi <= target else "fails" if lo > target or hi < -target \
+            else "inconclusive"
     return "holds" if hi < target else "fails" if lo >= target else "inconclusive"
 
 
@@ -126,7 +132,8 @@ def claim(text: str, *, paper: str, quantity: str, values: Iterable[float], targ
         baseline: the baseline's measurement on the same units; then the per-unit quantity is
             ``values - baseline`` (``compare="difference"``) or ``values / baseline``
             (``compare="ratio"``: estimated as the geometric mean, its CI from the mean log ratio).
-        target, op: the claim is ``estimate op target``; the verdict reads the CI.
+        target, op: the claim is ``estimate op target``; the verdict reads the CI. ``op="within"``:
+            ``|estimate| <= target`` (an equivalence margin; the CI must lie inside it).
         ci: ``"t"`` (Student t over units, the default: honest at 3-5 seeds) or ``"bootstrap"``
             (percentile, paired, for many units).
         unit: what one unit is ("seed", "prompt", "episode", "split", "repeat"); ``units`` their ids.

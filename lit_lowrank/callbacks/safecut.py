@@ -10,9 +10,19 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_lowrank.core.loss_hooks import MethodCallback, require_outputs
-from lit_lowrank.ops.cut_statistic import cut_statistic, knn_graph
+from lit_lowrank.ops.cut_statistic import CutStatistic, cut_statistic, knn_graph
 from lit_lowrank.ops.information_maximization import centroid_pseudo_labels, information_maximization_loss
 from lit_lowrank.ops.safecut_gate import GateMode, safecut_gate
+
+GraphFeatures = Literal["both", "own", "first", "second", "frozen"]
+GRAPH_FEATURES: tuple[str, ...] = ("both", "own", "first", "second", "frozen")
+
+
+def _empty_counts() -> dict[str, float]:
+    return {"to_first": 0, "to_second": 0, "none": 0, "corrections": 0, "miscorrections": 0,
+            "corrections_to_second": 0, "miscorrections_to_second": 0, "correction_weight_first": 0.0,
+            "miscorrection_weight_first": 0.0, "correction_weight_second": 0.0, "miscorrection_weight_second": 0.0,
+            "seen": 0}
 
 
 class SafeCut(MethodCallback):
@@ -49,11 +59,19 @@ class SafeCut(MethodCallback):
         beta: weight of each model's SHOT centroid pseudo-label loss (0 = IM only).
         mode: ``"safecut"``; baselines ``"naive"`` (mutual exchange, no gate) and
             ``"one_way"`` (the second model distils into the first, frozen).
-        graph_features: build the graph on the adapted model's features (``"first"``,
-            default), the second model's, or both concatenated. On the embedded
-            benchmark ``"both"`` let a biased second model's consistent mistakes look
-            reliable (more miscorrections); the adapted model's own geometry is the
-            more conservative judge.
+        graph_features: the kNN graph each model's labels are scored on:
+            ``"own"`` (default: each model's labels on the kNN graph of its *own*
+            features), ``"both"`` (one shared graph on the concatenated, L2-normalised
+            features of both models), ``"first"`` / ``"second"`` (one shared graph on one
+            model's features) or ``"frozen"`` (one shared graph on
+            ``graph_encoder(x)``, features no adaptation changes). A model's predicted
+            labels are a function of its own features, so on its own graph they look
+            reliable whatever their accuracy; ``"first"`` therefore favours the
+            adapted model; ``"own"`` gives both models that advantage. The benchmark
+            compares the choices (see the card).
+        graph_encoder: the frozen feature extractor of ``graph_features="frozen"``
+            (``x -> (B, D)``): e.g. a frozen copy of the source backbone, a CLIP image
+            tower, or ``nn.Flatten()`` for raw pixels. Never trained.
         adapt_second: train the second model too (forced off for ``one_way``).
         second_lr: learning rate of the second model's AdamW.
         input_key: batch key of the second model's input.
@@ -78,15 +96,20 @@ class SafeCut(MethodCallback):
         im_weight: float = 1.0,
         beta: float = 0.3,
         mode: GateMode = "safecut",
-        graph_features: Literal["first", "second", "both"] = "first",
+        graph_features: GraphFeatures = "own",
+        graph_encoder: nn.Module | None = None,
         adapt_second: bool = True,
         second_lr: float = 1e-3,
         input_key: str = "x",
     ) -> None:
         if mode not in ("safecut", "naive", "one_way"):
             raise ValueError(f"`mode`={mode!r}, expected 'safecut', 'naive' or 'one_way'.")
-        if graph_features not in ("first", "second", "both"):
-            raise ValueError(f"`graph_features`={graph_features!r}, expected 'first', 'second' or 'both'.")
+        if graph_features not in GRAPH_FEATURES:
+            raise ValueError(f"`graph_features`={graph_features!r}, expected one of {GRAPH_FEATURES}.")
+        if graph_features == "frozen" and graph_encoder is None:
+            raise ValueError("`graph_features`='frozen' needs `graph_encoder` (a frozen x -> (B, D) feature "
+                             "extractor, e.g. a copy of the source backbone or nn.Flatten() for pixels).")
+        self.graph_encoder = graph_encoder
         self.second_model = second_model
         self.k, self.threshold, self.gap_scale = k, threshold, gap_scale
         self.weight, self.im_weight, self.beta, self.mode = weight, im_weight, beta, mode
@@ -95,7 +118,7 @@ class SafeCut(MethodCallback):
         self.second_lr = second_lr
         self.second_optimizer: torch.optim.Optimizer | None = None
         self._pending_optimizer_state: dict[str, Any] | None = None
-        self.counts = {"to_first": 0, "to_second": 0, "none": 0, "corrections": 0, "miscorrections": 0}
+        self.counts = _empty_counts()
 
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         if self.adapt_second and trainer.world_size > 1:
@@ -105,6 +128,8 @@ class SafeCut(MethodCallback):
             )
         self.second_model.to(pl_module.device)
         self.second_model.requires_grad_(self.adapt_second)
+        if self.graph_encoder is not None:
+            self.graph_encoder.to(pl_module.device).requires_grad_(False).eval()
         if self.adapt_second and self.second_optimizer is None:
             self.second_optimizer = torch.optim.AdamW(self.second_model.parameters(), lr=self.second_lr)
             if self._pending_optimizer_state is not None:
@@ -137,13 +162,8 @@ class SafeCut(MethodCallback):
             raise ValueError(f"SafeCut: the second model's logits {tuple(logits_b.shape)} do not match the "
                              f"module's {tuple(logits_a.shape)} (same classes, same order expected).")
         with torch.no_grad():
-            parts = {"first": [feats_a], "second": [feats_b], "both": [feats_a, feats_b]}[self.graph_features]
-            graph = knn_graph(torch.cat([F.normalize(p.flatten(1).float(), dim=1) for p in parts], 1),
-                              min(self.k, logits_a.shape[0] - 1))
             labels_a, labels_b = logits_a.argmax(-1), logits_b.argmax(-1)
-            c = logits_a.shape[-1]
-            z_a = cut_statistic(None, labels_a, weights=graph, num_classes=c)
-            z_b = cut_statistic(None, labels_b, weights=graph, num_classes=c)
+            z_a, z_b = self.reliability(batch, feats_a, feats_b, labels_a, labels_b, logits_a.shape[-1])
             to_a, to_b = safecut_gate(z_a.z, z_b.z, self.threshold, self.gap_scale, self.mode)
         cross = (to_a * F.cross_entropy(logits_a, labels_b, reduction="none")).mean()
         if self.adapt_second:
@@ -153,6 +173,25 @@ class SafeCut(MethodCallback):
             base = base + self._shot_loss(logits_b, feats_b)
         self._diagnose(pl_module, batch, to_a, to_b, labels_a, labels_b, z_a.z_global, z_b.z_global)
         return loss + self.weight * cross + base
+
+    def reliability(self, batch: Any, feats_a: Tensor, feats_b: Tensor, labels_a: Tensor, labels_b: Tensor,
+                    num_classes: int) -> tuple[CutStatistic, CutStatistic]:
+        """Cut statistics of both models' labels ``(B,)`` on the graph(s) ``graph_features`` names."""
+        k = min(self.k, labels_a.shape[0] - 1)
+
+        def graph(*parts: Tensor) -> Tensor:
+            return knn_graph(torch.cat([F.normalize(p.flatten(1).float(), dim=1) for p in parts], 1), k)
+
+        if self.graph_features == "own":
+            shared_a, shared_b = graph(feats_a), graph(feats_b)
+        else:
+            if self.graph_features == "frozen":
+                parts = (self.graph_encoder(batch[self.input_key]),)
+            else:
+                parts = {"first": (feats_a,), "second": (feats_b,), "both": (feats_a, feats_b)}[self.graph_features]
+            shared_a = shared_b = graph(*parts)
+        return (cut_statistic(None, labels_a, weights=shared_a, num_classes=num_classes),
+                cut_statistic(None, labels_b, weights=shared_b, num_classes=num_classes))
 
     def _shot_loss(self, logits: Tensor, features: Tensor) -> Tensor:
         loss = self.im_weight * information_maximization_loss(logits)
@@ -175,14 +214,40 @@ class SafeCut(MethodCallback):
         self.log_method(pl_module, "z_global_first", z_global_a)
         self.log_method(pl_module, "z_global_second", z_global_b)
         y = batch.get("y") if isinstance(batch, dict) else None
-        if y is not None:  # evaluation only: how often the taught label is right
-            taught = (to_a > 0) & disagree
-            corrections = int((taught & (labels_b == y)).sum())
-            miscorrections = int((taught & (labels_b != y) & (labels_a == y)).sum())
-            self.counts["corrections"] += corrections
-            self.counts["miscorrections"] += miscorrections
-            self.log_method(pl_module, "corrections", float(corrections))
-            self.log_method(pl_module, "miscorrections", float(miscorrections))
+        if y is not None:  # evaluation only: labels are read for these counts, never for the loss
+            self._count_corrections(y, to_a, to_b, labels_a, labels_b)
+
+    def _count_corrections(self, y: Tensor, to_a: Tensor, to_b: Tensor, labels_a: Tensor, labels_b: Tensor) -> None:
+        """Taught labels that fix the student (teacher right, student wrong) or break it
+        (teacher wrong, student right), per direction, as counts and gate-weighted sums."""
+        right_a, right_b = labels_a == y, labels_b == y
+        fix_a, break_a = (to_a > 0) & right_b & ~right_a, (to_a > 0) & ~right_b & right_a
+        fix_b, break_b = (to_b > 0) & right_a & ~right_b, (to_b > 0) & ~right_a & right_b
+        c = self.counts
+        c["corrections"] += int(fix_a.sum())
+        c["miscorrections"] += int(break_a.sum())
+        c["corrections_to_second"] += int(fix_b.sum())
+        c["miscorrections_to_second"] += int(break_b.sum())
+        c["correction_weight_first"] += float((to_a * fix_a).sum())
+        c["miscorrection_weight_first"] += float((to_a * break_a).sum())
+        c["correction_weight_second"] += float((to_b * fix_b).sum())
+        c["miscorrection_weight_second"] += float((to_b * break_b).sum())
+        c["seen"] += int(y.numel())
+
+    def net_correction(self, into: Literal["both", "first", "second"] = "both") -> float:
+        """Gate-weighted (corrections − miscorrections) / (corrections + miscorrections) of the
+        cross-labels over every step so far, taught to both models (``"both"``) or to one.
+
+        > 0: a net-positive correction signal. A gate blind to which model is right (a coin
+        flip per sample) gives 0 in expectation for ``"both"``; into one model, a blind gate
+        still scores the teacher's average edge. NaN before any taught label.
+        """
+        if into not in ("both", "first", "second"):
+            raise ValueError(f"`into`={into!r}, expected 'both', 'first' or 'second'.")
+        parts = ("first", "second") if into == "both" else (into,)
+        good = sum(self.counts[f"correction_weight_{p}"] for p in parts)
+        bad = sum(self.counts[f"miscorrection_weight_{p}"] for p in parts)
+        return (good - bad) / (good + bad) if good + bad > 0 else float("nan")
 
     def on_validation_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any,
                                 batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
@@ -200,7 +265,7 @@ class SafeCut(MethodCallback):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.counts = dict(state_dict["counts"])
+        self.counts = {**_empty_counts(), **state_dict["counts"]}
         self.second_model.load_state_dict(state_dict["second_model"])
         if state_dict.get("second_optimizer") is not None:
             if self.second_optimizer is not None:

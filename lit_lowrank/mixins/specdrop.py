@@ -15,8 +15,14 @@ code path so that they differ only in how the branch weights are chosen:
                    share the other 1/2 equally (No-Routing with a shared expert)
 ``router``         learned softmax router, top-k (``router_top_k``), Switch
                    load-balancing loss (``aux_loss_weight``); ``top_k = K``: dense
-                   softmax gating. Over LoRA branches: LoRAMoE-style routing.
+                   softmax gating. Over LoRA branches: LoRAMoE-style routing; with
+                   ``lora_shared_A``: HydraLoRA (one shared ``A``, ``K`` ``B`` heads).
+                   ``router_categories=C``: a *tag-aware* router (a learned
+                   ``(C, K)`` logit bias by the sample's category); with
+                   ``mi_loss_weight > 0``: Mod-Squad's task-expert mutual-information loss
 ``soft_moe``       Soft MoE (one slot per branch) over the tokens of each sample
+``demix``          DeMix-style hard routing by tag: weight 1 on the category's
+                   branch, 0 elsewhere (SpecDrop's ``p_i -> 0`` limit)
 =================  ==============================================================
 
 Every branch is always computed (SpecDrop's ``p_i > 0`` needs them all), which also
@@ -76,6 +82,9 @@ from lit_lowrank.ops.specdrop import (
     branch_of_category,
     load_balancing_loss,
     router_entropy,
+    hard_routing_weights,
+    mutual_information_loss,
+    renormalise_without,
     soft_moe_weights,
     specdrop_dropout_weights,
     specdrop_weights,
@@ -88,8 +97,8 @@ METHOD = "specdrop"
 _CACHE_ATTR = "_lit_lowrank_specdrop_blocks"
 # Bumped whenever a block is built, which invalidates every cached block list.
 _BLOCK_GENERATION = [0]
-Merge = Literal["specdrop", "no_routing", "shared_expert", "router", "soft_moe"]
-MERGES: tuple[str, ...] = ("specdrop", "no_routing", "shared_expert", "router", "soft_moe")
+Merge = Literal["specdrop", "no_routing", "shared_expert", "router", "soft_moe", "demix"]
+MERGES: tuple[str, ...] = ("specdrop", "no_routing", "shared_expert", "router", "soft_moe", "demix")
 
 
 class LoRABranch(nn.Module):
@@ -163,7 +172,8 @@ class SpecDropBranches(nn.Module):
             With ``branch_type="lora"`` it must be an ``nn.Linear``: it stays (frozen) as
             ``base`` and the branches are rank-``lora_rank`` deltas around it.
         num_branches: ``K >= 2``.
-        merge: ``"specdrop"``, ``"no_routing"``, ``"shared_expert"``, ``"router"`` or ``"soft_moe"``.
+        merge: ``"specdrop"``, ``"no_routing"``, ``"shared_expert"``, ``"router"``, ``"soft_moe"``
+            or ``"demix"``.
         p_active: SpecDrop weight of the category's own branch.
         p_inactive: SpecDrop leakage weight of the other branches (``0 < p_i <= p_a``).
         category_to_branch: ``C`` branch indices when the ``C`` categories are not the
@@ -182,10 +192,17 @@ class SpecDropBranches(nn.Module):
             break the symmetry, No-Routing does not).
         router_top_k: experts per position for ``merge="router"``.
         aux_loss_weight: weight of the router's load-balancing loss.
+        router_categories: ``C``: make the router tag-aware, adding a learned ``(C, K)``
+            logit bias (zero at init) by the sample's category (``merge="router"``; the
+            category is then required as for SpecDrop).
+        mi_loss_weight: weight of Mod-Squad's loss, minus the mutual information between
+            category and expert (needs ``router_categories``).
         in_features: input width for the router / Soft MoE slots; inferred from the
             first ``in_features``/``in_channels`` attribute in ``module`` when ``None``.
         branch_type: ``"copy"`` (copies of ``module``) or ``"lora"``.
         lora_rank, lora_alpha: LoRA branch rank and scale ``alpha / rank``.
+        lora_shared_A: HydraLoRA's asymmetric form: all LoRA branches share one ``lora_A``
+            (the same module, stored once), each keeps its own ``lora_B`` head.
 
     Shapes:
         ``x: (B, ...)``; the output is ``module``'s ``(B, ...)``. SpecDrop tags are
@@ -217,6 +234,9 @@ class SpecDropBranches(nn.Module):
         branch_type: Literal["copy", "lora"] = "copy",
         lora_rank: int = 8,
         lora_alpha: float = 16.0,
+        router_categories: int | None = None,
+        mi_loss_weight: float = 0.0,
+        lora_shared_A: bool = False,
     ) -> None:
         super().__init__()
         _BLOCK_GENERATION[0] += 1
@@ -227,6 +247,16 @@ class SpecDropBranches(nn.Module):
         for param, (value, allowed) in checks.items():
             if value not in allowed:
                 raise ValueError(f"`{param}`={value!r}, expected one of {allowed}.")
+        if router_categories is not None and (merge != "router" or router_categories < 1):
+            raise ValueError(f"`router_categories`={router_categories!r} needs merge='router' and an integer >= 1 "
+                             f"(got merge={merge!r}).")
+        if mi_loss_weight and router_categories is None:
+            raise ValueError(f"`mi_loss_weight`={mi_loss_weight!r} (Mod-Squad) needs `router_categories` "
+                             "(the categories whose mutual information with the experts it maximises).")
+        if lora_shared_A and branch_type != "lora":
+            raise ValueError("`lora_shared_A`=True (HydraLoRA) needs branch_type='lora'.")
+        if merge == "demix" and category_to_branch is not None:
+            branch_of_category(torch.arange(len(category_to_branch)), num_branches, category_to_branch)
         if merge == "specdrop":  # validate weights and map now, not at the first forward
             specdrop_weights(torch.zeros(1, dtype=torch.long), num_branches, p_active, p_inactive)
             if category_to_branch is not None:
@@ -238,6 +268,7 @@ class SpecDropBranches(nn.Module):
             "stochastic": stochastic, "missing_category": missing_category, "init": init,
             "router_top_k": router_top_k, "aux_loss_weight": aux_loss_weight, "in_features": in_features,
             "branch_type": branch_type, "lora_rank": lora_rank, "lora_alpha": lora_alpha,
+            "router_categories": router_categories, "mi_loss_weight": mi_loss_weight, "lora_shared_A": lora_shared_A,
         })
         self.num_branches, self.merge = num_branches, merge
         self.target_name = type(module).__name__
@@ -252,6 +283,9 @@ class SpecDropBranches(nn.Module):
                 LoRABranch(module.in_features, module.out_features, lora_rank, lora_alpha, w.dtype, w.device)
                 for _ in range(num_branches)
             )
+            if lora_shared_A:  # one A for every head: the same module object, one set of parameters
+                for branch in self.branches[1:]:
+                    branch.lora_A = self.branches[0].lora_A
         else:
             copies = [module]
             for _ in range(num_branches - 1):
@@ -273,12 +307,15 @@ class SpecDropBranches(nn.Module):
                 if not 1 <= router_top_k <= num_branches:
                     raise ValueError(f"`router_top_k`={router_top_k!r}: expected an integer in [1, {num_branches}].")
                 self.router = nn.Linear(width, num_branches)
+                if router_categories is not None:
+                    self.router_category_bias = nn.Parameter(torch.zeros(router_categories, num_branches))
             else:
                 self.soft_moe_slots = nn.Parameter(torch.randn(width, num_branches) / math.sqrt(width))
                 self.soft_moe_scale = nn.Parameter(torch.ones(()))
         # Per-forward context and diagnostics: plain attributes, never in the state dict.
         self.category: Tensor | None = None
         self.ablated_branch: int | None = None
+        self.ablation_renormalise = True
         self.aux_loss: Tensor | None = None
         self.last_stats: dict[str, Tensor] = {}
 
@@ -287,6 +324,10 @@ class SpecDropBranches(nn.Module):
         text = f"num_branches={c['num_branches']}, merge={c['merge']!r}, branch_type={c['branch_type']!r}"
         if c["merge"] == "specdrop":
             text += f", p_active={c['p_active']}, p_inactive={c['p_inactive']}"
+        if c["router_categories"] is not None:
+            text += f", router_categories={c['router_categories']}, mi_loss_weight={c['mi_loss_weight']}"
+        if c["lora_shared_A"]:
+            text += ", lora_shared_A=True"
         return text
 
     # ----------------------------------------------------------------- weights per merge rule
@@ -309,6 +350,8 @@ class SpecDropBranches(nn.Module):
                 f"SpecDrop ({self.target_name}): category tags of shape {tuple(category.shape)} do not match the "
                 f"branch outputs' leading shape {lead}; expected one tag per sample ({lead[:1]})."
             )
+        if c["merge"] == "demix":
+            return hard_routing_weights(category, self.num_branches, c["category_to_branch"])
         if c["stochastic"] and self.training:
             return specdrop_dropout_weights(category, self.num_branches, c["p_active"], c["p_inactive"],
                                             c["category_to_branch"])
@@ -323,15 +366,47 @@ class SpecDropBranches(nn.Module):
             raise ValueError(f"merge='router' routes (B, d), (B, T, d) or (B, C, H, W) inputs, got {tuple(x.shape)}.")
         if feats.shape[-1] != self.in_features:
             raise ValueError(f"router: input width {feats.shape[-1]} != in_features={self.in_features}.")
-        weights, probs, mask = topk_routing(self.router(feats), self.config["router_top_k"])
+        logits = self.router(feats)
+        category = None
+        if self.config["router_categories"] is not None:
+            category = self._category_tags(lead, logits.device)
+            if category is not None:
+                bias = self.router_category_bias[category]  # (B, K)
+                logits = logits + (bias if logits.dim() == 2 else bias.unsqueeze(1))
+        if self.ablated_branch is not None and self.ablation_renormalise:
+            # pruning an expert re-routes its positions to the remaining experts
+            logits = logits.clone()
+            logits[..., self.ablated_branch] = float("-inf")
+        weights, probs, mask = topk_routing(logits, self.config["router_top_k"])
         self.last_stats["router_entropy"] = router_entropy(probs).detach()
-        self.aux_loss = self.config["aux_loss_weight"] * load_balancing_loss(probs, mask) if self.training else None
+        self.aux_loss = None
+        if self.training:
+            self.aux_loss = self.config["aux_loss_weight"] * load_balancing_loss(probs, mask)
+            if self.config["mi_loss_weight"] and category is not None:
+                self.aux_loss = self.aux_loss + self.config["mi_loss_weight"] * mutual_information_loss(
+                    probs, category, self.config["router_categories"])
         return weights.movedim(-1, 0)
+
+    def _category_tags(self, lead: tuple[int, ...], device: torch.device) -> Tensor | None:
+        """The forward's tags for the tag-aware router (``None`` only in tag-free eval)."""
+        if self.category is None:
+            if self.training or self.config["missing_category"] == "error":
+                raise ValueError(f"tag-aware router ({self.target_name}): no category tag for this forward; run it "
+                                 "inside `specdrop_category(model, batch['category'])`.")
+            return None
+        category = torch.as_tensor(self.category, device=device).long()
+        if category.dim() != 1 or category.shape[0] != lead[0]:
+            raise ValueError(f"tag-aware router ({self.target_name}): expected one tag per sample ({lead[0]},), "
+                             f"got shape {tuple(category.shape)}.")
+        if int(category.min()) < 0 or int(category.max()) >= self.config["router_categories"]:
+            raise ValueError(f"tag-aware router ({self.target_name}): tags must lie in "
+                             f"[0, {self.config['router_categories']}), got {category.min()}..{category.max()}.")
+        return category
 
     def _branch_weights(self, x: Tensor, out: Tensor) -> Tensor:
         merge, k = self.merge, self.num_branches
         lead = tuple(out.shape)
-        if merge == "specdrop":
+        if merge in ("specdrop", "demix"):
             return self._specdrop_weights(lead, out.device)
         if merge == "no_routing":
             return uniform_weights(k, lead[:1], out.device)
@@ -362,6 +437,8 @@ class SpecDropBranches(nn.Module):
         if self.ablated_branch is not None:
             slot_outputs = slot_outputs.clone()
             slot_outputs[:, self.ablated_branch] = 0
+            if self.ablation_renormalise:  # combine over the remaining slots
+                combine = renormalise_without(combine.movedim(-1, 0), self.ablated_branch).movedim(0, -1)
         self.last_stats["router_entropy"] = router_entropy(combine).detach()
         self.last_stats["branch_weight"] = combine.detach().float().mean(dim=(0, 1))
         y = torch.einsum("bts,bsd->btd", combine.to(slot_outputs.dtype), slot_outputs)
@@ -385,9 +462,12 @@ class SpecDropBranches(nn.Module):
             outs = [self._call_branch(branch, x, args, kwargs) for branch in self.branches]
             weights = self._branch_weights(x, outs[0])
             self.last_stats["branch_weight"] = weights.detach().float().reshape(self.num_branches, -1).mean(1)
-            if self.ablated_branch is not None:
-                weights = weights.clone()
-                weights[self.ablated_branch] = 0
+            if self.ablated_branch is not None and not (self.merge == "router" and self.ablation_renormalise):
+                if self.ablation_renormalise:
+                    weights = renormalise_without(weights, self.ablated_branch)
+                else:
+                    weights = weights.clone()
+                    weights[self.ablated_branch] = 0
             out = weighted_branch_sum(outs, weights)
         if self.base is not None:
             out = self.base(x) + out
@@ -435,7 +515,8 @@ def apply_specdrop(
         **options: the other :class:`SpecDropBranches` arguments (``p_active``,
             ``p_inactive``, ``category_to_branch``, ``stochastic``, ``missing_category``,
             ``init``, ``router_top_k``, ``aux_loss_weight``, ``in_features``,
-            ``branch_type``, ``lora_rank``, ``lora_alpha``).
+            ``branch_type``, ``lora_rank``, ``lora_alpha``, ``router_categories``,
+            ``mi_loss_weight``, ``lora_shared_A``).
 
     Returns:
         ``model``.
@@ -491,6 +572,7 @@ _DEFAULTS: dict[str, Any] = {
     "p_active": 1.0, "p_inactive": 0.1, "category_to_branch": None, "stochastic": False,
     "missing_category": "error", "init": "permute", "router_top_k": 1, "aux_loss_weight": 0.01,
     "in_features": None, "branch_type": "copy", "lora_rank": 8, "lora_alpha": 16.0,
+    "router_categories": None, "mi_loss_weight": 0.0, "lora_shared_A": False,
 }
 _OPTION_NAMES = tuple(_DEFAULTS)
 
@@ -506,6 +588,8 @@ def _normalised_config(num_branches: int, merge: str, options: dict[str, Any]) -
         "router_top_k": int(c["router_top_k"]), "aux_loss_weight": float(c["aux_loss_weight"]),
         "in_features": c["in_features"], "branch_type": c["branch_type"], "lora_rank": int(c["lora_rank"]),
         "lora_alpha": float(c["lora_alpha"]),
+        "router_categories": None if c["router_categories"] is None else int(c["router_categories"]),
+        "mi_loss_weight": float(c["mi_loss_weight"]), "lora_shared_A": bool(c["lora_shared_A"]),
     }
 
 
@@ -526,19 +610,24 @@ def specdrop_category(model: nn.Module, category: Tensor | None) -> Iterator[Non
 
 
 @contextmanager
-def ablate_branch(model: nn.Module, branch: int) -> Iterator[None]:
-    """Zero branch ``branch``'s contribution in every block (no renormalisation): pruning analysis."""
+def ablate_branch(model: nn.Module, branch: int, renormalise: bool = True) -> Iterator[None]:
+    """Prune branch ``branch`` in every block for the forwards inside the context: pruning analysis.
+
+    ``renormalise=True`` (default) rescales the remaining branches' weights to the old
+    total (a learned router re-routes to the remaining experts; Soft MoE's combine
+    renormalises over the remaining slots), so the analysis measures what the branch
+    *computes*, not the weight the merge rule gives it. ``renormalise=False`` only
+    zeroes the branch: the output then shrinks by that branch's weight, and SpecDrop's
+    own branch (``p_a / D`` ≈ 0.71 at K = 5, p_i = 0.1) looks important even when every
+    branch computes the same function (weight-tied branches score as fully specialised).
+    """
     blocks = specdrop_blocks(model)
     for block in blocks:
         if not 0 <= branch < block.num_branches:
             raise ValueError(f"`branch`={branch!r}: expected an index in [0, {block.num_branches}).")
-    for block in blocks:
-        block.ablated_branch = branch
-    try:
+    with temporarily_set(blocks, "ablation_renormalise", renormalise), \
+            temporarily_set(blocks, "ablated_branch", branch):
         yield
-    finally:
-        for block in blocks:
-            block.ablated_branch = None
 
 
 def specdrop_aux_loss(model: nn.Module) -> Tensor | None:

@@ -52,6 +52,7 @@ from lit_lowrank.models.pretrained import (
     minilm_path,
     smollm2_path,
 )
+from lit_lowrank.models.cross_dataset import CrossDatasetDigitClassifier
 from lit_lowrank.models.prototype import DigitPrototypeClassifier, PrototypeClassifier, digit_view
 from lit_lowrank.models.resnet_cifar import (
     ResNetCifar,
@@ -66,6 +67,7 @@ from lit_lowrank.models.small import MLP, SmallCNN, TokenBagEncoder, cnn_small, 
 __all__ = [
     "PrototypeClassifier",
     "DigitPrototypeClassifier",
+    "CrossDatasetDigitClassifier",
     "digit_view",
     "BACKBONES",
     "MLP",

@@ -374,3 +374,61 @@ def specialization_gap(sensitivity: Tensor, category_to_branch: Sequence[int] | 
     diag = sensitivity[rows, own]
     off = (sensitivity.sum(1) - diag) / (num_branches - 1)
     return float((diag - off).mean())
+
+
+# --------------------------------------------------------------------------- more baselines' routing
+
+
+def hard_routing_weights(
+    category: Tensor, num_branches: int, category_to_branch: Sequence[int] | Tensor | None = None
+) -> Tensor:
+    """DeMix-style hard routing by tag: weight 1 on the category's branch, 0 elsewhere, ``(K, *category.shape)``.
+
+    This is SpecDrop's limit ``p_i -> 0`` (which SpecDrop itself refuses: without leakage
+    the other branches never see a category's data).
+    """
+    branch = branch_of_category(category, num_branches, category_to_branch)
+    ks = torch.arange(num_branches, device=branch.device).view(-1, *([1] * branch.dim()))
+    return (ks == branch.unsqueeze(0)).float()
+
+
+def renormalise_without(weights: Tensor, branch: int) -> Tensor:
+    """Branch weights ``(K, ...)`` with ``branch`` removed and the rest rescaled to their old total.
+
+    The ablation of the pruning-sensitivity analysis: removing a branch must not also
+    shrink the merged output (zeroing alone scales it by ``1 - w_branch``, which makes
+    the branch with the largest fixed weight look important even when every branch
+    computes the same function). Positions whose whole weight sat on ``branch`` get 0.
+    """
+    if not 0 <= branch < weights.shape[0]:
+        raise ValueError(f"`branch`={branch!r}: expected an index in [0, {weights.shape[0]}).")
+    total = weights.sum(0, keepdim=True)
+    kept = weights.clone()
+    kept[branch] = 0
+    rest = kept.sum(0, keepdim=True)
+    return torch.where(rest > 0, kept * total / rest.where(rest > 0, torch.ones_like(rest)), torch.zeros_like(kept))
+
+
+def mutual_information_loss(router_probs: Tensor, category: Tensor, num_categories: int) -> Tensor:
+    """Mod-Squad's loss (Chen et al., CVPR 2023): minus the mutual information between the
+    category (task) and the expert, ``-sum_{t,e} P(t,e) log(P(t,e) / (P(t) P(e)))``.
+
+    ``P(e|t)`` is the mean router probability over the positions of category ``t`` in
+    the batch and ``P(t)`` their share. Minimising it makes each category use a few
+    experts and different categories use different ones.
+
+    Args:
+        router_probs: ``(N, K)`` (or ``(B, T, K)``) softmax probabilities.
+        category: ``(N,)`` tags (or ``(B,)``, broadcast over the ``T`` tokens).
+        num_categories: ``C``.
+    """
+    num = router_probs.shape[-1]
+    if router_probs.dim() == 3 and category.dim() == 1:
+        category = category[:, None].expand(router_probs.shape[:2])
+    probs, cat = router_probs.reshape(-1, num).float(), category.reshape(-1).long()
+    if probs.shape[0] != cat.shape[0]:
+        raise ValueError(f"router_probs has {probs.shape[0]} positions but category {cat.shape[0]}.")
+    joint = torch.zeros(num_categories, num, device=probs.device).index_add_(0, cat, probs) / probs.shape[0]
+    p_t, p_e = joint.sum(1, keepdim=True), joint.sum(0, keepdim=True)
+    ratio = joint / (p_t * p_e).clamp_min(1e-12)
+    return -(joint * ratio.clamp_min(1e-12).log()).sum()

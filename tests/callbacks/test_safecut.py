@@ -127,3 +127,54 @@ def test_multi_process_strategy_is_refused(tmp_path):
 
     with pytest.raises(RuntimeError, match="world_size=2"):
         SafeCut(DigitPrototypeClassifier()).setup(FakeTrainer(), _target_module(), "fit")
+
+
+def test_graph_choices_and_frozen_needs_an_encoder():
+    torch.manual_seed(0)
+    n, c = 60, 3
+    y = torch.arange(c).repeat_interleave(n // c)
+    feats = torch.nn.functional.one_hot(y, c).float() * 5 + 0.1 * torch.randn(n, c)
+    with pytest.raises(ValueError, match="graph_encoder"):
+        SafeCut(DigitPrototypeClassifier(), graph_features="frozen")
+    with pytest.raises(ValueError, match="graph_features"):
+        SafeCut(DigitPrototypeClassifier(), graph_features="pixels")
+    noise = torch.randint(0, c, (n,))
+    # b's labels are noise and its features random: every graph that sees a's geometry ranks a's
+    # clustered labelling as the more reliable ("second" alone, a random graph, sees neither)
+    results = {}
+    for choice in ("own", "both", "first", "frozen"):
+        cb = SafeCut(torch.nn.Linear(1, 1), k=5, graph_features=choice, graph_encoder=torch.nn.Flatten())
+        z_a, z_b = cb.reliability({"x": feats}, feats, torch.randn(n, 4), y, noise, c)
+        results[choice] = (float(z_a.z.mean()), float(z_b.z.mean()))
+    for choice, (za, zb) in results.items():
+        assert za < zb - 1.0, choice  # the clustered labelling is the more reliable one on every graph
+
+
+def test_net_correction_counts_both_directions():
+    """An oracle second model and a first model that is wrong on half the samples: every taught
+    label into the first model fixes it; the net correction is +1."""
+    torch.manual_seed(0)
+    n, c = 60, 3
+    y = torch.arange(c).repeat_interleave(n // c)
+    feats = torch.nn.functional.one_hot(y, c).float() * 5 + 0.1 * torch.randn(n, c)
+
+    class Oracle(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.one_hot(y, c).float() * 10
+
+        def forward_features(self, x):
+            return feats
+
+    wrong = y.clone()
+    wrong[::2] = (wrong[::2] + 1) % c
+    first_logits = torch.nn.functional.one_hot(wrong, c).float() * 10
+    cb = SafeCut(Oracle(), k=5, beta=0.0, im_weight=0.0, adapt_second=False, graph_features="second")
+    cb.on_loss(None, torch.nn.Module(), {"x": y, "y": y}, {"logits": first_logits, "features": torch.randn(n, 4)},
+               torch.zeros(()))
+    assert cb.counts["corrections"] > 0 and cb.counts["miscorrections"] == 0
+    assert cb.counts["corrections_to_second"] == 0 and cb.counts["miscorrections_to_second"] == 0
+    assert cb.net_correction() == 1.0 and cb.net_correction("first") == 1.0
+    assert cb.net_correction("second") != cb.net_correction("second")  # NaN: nothing taught to the second
+    with pytest.raises(ValueError, match="`into`"):
+        cb.net_correction("third")
+    assert SafeCut(Oracle()).net_correction() != SafeCut(Oracle()).net_correction()  # NaN before any label

@@ -313,3 +313,96 @@ def test_language_model_branches_sensitivity_and_lora_router(tmp_path):
     out["loss"].backward()
     grads = {n for n, p in lora.named_parameters() if p.grad is not None}
     assert grads and all(".branches." in n or ".router." in n for n in grads)
+
+
+def test_renormalised_ablation_sees_no_specialisation_in_tied_branches():
+    """K weight-tied copies: pruning any branch with renormalisation leaves the output unchanged,
+    while plain zeroing shrinks it by the pruned branch's weight (the own branch's 1/1.4 at K=5)."""
+    torch.manual_seed(0)
+    block = SpecDropBranches(_mlp(), 5, merge="specdrop", init="copy")
+    block.branches = nn.ModuleList([block.branches[0]] * 5)
+    model = nn.Sequential(block)
+    x, category = torch.randn(6, 8), torch.tensor([0, 1, 2, 3, 4, 0])
+    with specdrop_category(model, category):
+        full = model(x)
+        for k in range(5):
+            with ablate_branch(model, k):
+                torch.testing.assert_close(model(x), full)
+        with ablate_branch(model, 0, renormalise=False):
+            shrunk = model(x)
+    torch.testing.assert_close(shrunk[0], full[0] * (1 - 1 / 1.4))  # sample 0's own branch is 0
+    torch.testing.assert_close(shrunk[1], full[1] * (1 - 0.1 / 1.4))
+    assert block.ablated_branch is None and block.ablation_renormalise
+
+
+def test_router_ablation_reroutes_and_soft_moe_renormalises():
+    torch.manual_seed(0)
+    x = torch.randn(5, 3, 8)
+    router = nn.Sequential(SpecDropBranches(_mlp(), 3, merge="router", router_top_k=1))
+    router.eval()
+    with ablate_branch(router, 1):
+        y = router(x)
+        assert float(router[0].last_stats["branch_weight"][1]) == 0.0  # expert 1 never chosen
+    assert torch.isfinite(y).all() and y.abs().sum() > 0  # every position re-routed, none zeroed
+    soft = nn.Sequential(SpecDropBranches(_mlp(), 3, merge="soft_moe"))
+    with ablate_branch(soft, 2):
+        assert torch.isfinite(soft(x)).all()
+
+
+def test_demix_is_the_category_branch_alone():
+    torch.manual_seed(0)
+    block = SpecDropBranches(_mlp(), 3, merge="demix")
+    x, category = torch.randn(4, 8), torch.tensor([2, 0, 1, 2])
+    block.category = category
+    expected = torch.stack([block.branches[int(c)](x[i]) for i, c in enumerate(category)])
+    torch.testing.assert_close(block(x), expected)
+
+
+def test_tag_aware_router_reads_the_category_and_mod_squad_adds_mutual_information():
+    torch.manual_seed(0)
+    x = torch.randn(6, 8)
+    tagged = SpecDropBranches(_mlp(), 3, merge="router", router_top_k=1, router_categories=2)
+    with pytest.raises(ValueError, match="no category tag"):
+        tagged(x)
+    with torch.no_grad():
+        tagged.router_category_bias.copy_(torch.tensor([[50.0, 0.0, 0.0], [0.0, 0.0, 50.0]]))
+    tagged.category = torch.tensor([0, 0, 0, 1, 1, 1])
+    tagged(x)
+    torch.testing.assert_close(tagged.last_stats["branch_weight"], torch.tensor([0.5, 0.0, 0.5]))
+    plain = SpecDropBranches(_mlp(), 3, merge="router", router_top_k=2, router_categories=2)
+    squad = SpecDropBranches(_mlp(), 3, merge="router", router_top_k=2, router_categories=2, mi_loss_weight=1.0)
+    squad.load_state_dict(plain.state_dict())
+    for block in (plain, squad):
+        block.category = torch.tensor([0, 0, 0, 1, 1, 1])
+        block(x)
+    assert not torch.allclose(plain.aux_loss, squad.aux_loss)
+    assert float(squad.aux_loss.detach()) <= float(plain.aux_loss.detach()) + 1e-6  # minus a mutual information (>= 0)
+    with pytest.raises(ValueError, match="mi_loss_weight"):
+        SpecDropBranches(_mlp(), 3, merge="router", mi_loss_weight=0.1)
+    with pytest.raises(ValueError, match="router_categories"):
+        SpecDropBranches(_mlp(), 3, merge="specdrop", router_categories=2)
+
+
+def test_hydra_lora_shares_one_a_across_heads(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+    apply_specdrop(model, target=["0"], num_branches=3, branch_type="lora", lora_rank=2, lora_shared_A=True,
+                   merge="router", router_top_k=3, freeze_others=True)
+    block = model[0]
+    assert all(b.lora_A is block.branches[0].lora_A for b in block.branches)
+    assert len({id(b.lora_B) for b in block.branches}) == 3
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {"0.branches.0.lora_A.weight", "0.router.weight", "0.router.bias",
+                         *(f"0.branches.{k}.lora_B.weight" for k in range(3))}
+    apply_specdrop(model, target=["0"], num_branches=3, branch_type="lora", lora_rank=2, lora_shared_A=True,
+                   merge="router", router_top_k=3, freeze_others=True)  # idempotent
+    assert model[0] is block
+    torch.save(model.state_dict(), tmp_path / "m.pt")
+    twin = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+    apply_specdrop(twin, target=["0"], num_branches=3, branch_type="lora", lora_rank=2, lora_shared_A=True,
+                   merge="router", router_top_k=3)
+    twin.load_state_dict(torch.load(tmp_path / "m.pt"))
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(twin(x), model(x))
+    with pytest.raises(ValueError, match="lora_shared_A"):
+        SpecDropBranches(_mlp(), 3, lora_shared_A=True)

@@ -132,3 +132,23 @@ def test_gate_direction_strength_and_suppression():
     assert torch.all(one_way[0] == 1) and torch.all(one_way[1] == 0)
     with pytest.raises(ValueError, match="mode"):
         safecut_gate(z_source, z_second, mode="both")
+
+
+def test_local_z_has_zero_mean_unit_variance_under_iid_labels(one_thread):
+    """Monte Carlo of the local statistic: with labels drawn iid from pi, J_i has mean
+    (1 - pi_r) W_i and variance pi_r (1 - pi_r) sum_j w_ij^2 given y_i = r, so every z_i
+    has mean 0 and variance 1 (pi re-estimated from each draw, as the op does)."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(200, 6, generator=g)
+    w = knn_graph(x, 10, weighting="cosine")
+    pi = torch.tensor([0.5, 0.3, 0.2])
+    zs = torch.stack([cut_statistic(None, torch.multinomial(pi, 200, replacement=True, generator=g), weights=w,
+                                    num_classes=3).z for _ in range(800)]).double()
+    assert abs(float(zs.mean())) < 0.03
+    assert float(zs.var()) == pytest.approx(1.0, rel=0.06)
+    # and per node, the conditional moments of J_i given its label
+    node, r = 7, 0
+    y = torch.multinomial(pi, 200 * 4000, replacement=True, generator=g).view(4000, 200)
+    cut = ((y != r).double() * w[node].double()).sum(1)
+    assert float(cut.mean()) == pytest.approx(float((1 - pi[r]) * w[node].sum()), rel=0.02)
+    assert float(cut.var()) == pytest.approx(float(pi[r] * (1 - pi[r]) * (w[node] ** 2).sum()), rel=0.08)

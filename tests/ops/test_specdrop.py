@@ -191,3 +191,36 @@ def test_grouped_sensitivity_with_map():
 def test_per_category_mean():
     sums, counts = per_category_mean(torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([0, 0, 2, 2]), 3)
     assert sums.tolist() == [1.0, 0.0, 2.0] and counts.tolist() == [2.0, 0.0, 2.0]
+
+
+def test_hard_routing_is_one_hot_on_the_category_branch():
+    from lit_lowrank.ops.specdrop import hard_routing_weights
+
+    w = hard_routing_weights(torch.tensor([0, 3, 5]), 3, category_to_branch=[0, 0, 1, 1, 2, 2])
+    assert torch.equal(w, torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]))
+
+
+def test_renormalise_without_keeps_the_total_and_zeroes_lost_positions():
+    from lit_lowrank.ops.specdrop import renormalise_without
+
+    w = specdrop_weights(torch.tensor([0, 1, 2, 0]), 3, 1.0, 0.1)
+    r = renormalise_without(w, 0)
+    assert torch.all(r[0] == 0)
+    torch.testing.assert_close(r.sum(0), w.sum(0))
+    torch.testing.assert_close(r[1] / r[2], w[1] / w[2])  # the others keep their ratios
+    hard = torch.tensor([[1.0, 0.0], [0.0, 1.0]])  # position 0 had all its weight on branch 0
+    assert torch.equal(renormalise_without(hard, 0), torch.tensor([[0.0, 0.0], [0.0, 1.0]]))
+    with pytest.raises(ValueError, match="`branch`=3"):
+        renormalise_without(w, 3)
+
+
+def test_mutual_information_loss_hand_cases():
+    from lit_lowrank.ops.specdrop import mutual_information_loss
+
+    category = torch.tensor([0, 0, 1, 1, 2, 2])
+    specialised = torch.nn.functional.one_hot(category, 3).float()  # category t always on expert t
+    assert float(mutual_information_loss(specialised, category, 3)) == pytest.approx(-math.log(3), rel=1e-5)
+    uniform = torch.full((6, 3), 1 / 3)
+    assert float(mutual_information_loss(uniform, category, 3)) == pytest.approx(0.0, abs=1e-6)
+    tokens = specialised[:, None].expand(6, 4, 3)  # per-token probabilities with per-sample tags
+    assert float(mutual_information_loss(tokens, category, 3)) == pytest.approx(-math.log(3), rel=1e-5)
