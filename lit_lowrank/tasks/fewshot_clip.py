@@ -223,7 +223,9 @@ class FewShotCLIPModule(TaskModule):
         embeddings are computed once and reused (the prompts and the frozen text tower never change).
         """
         if not frozen:
-            return frozen_graph_inputs(self.encoder, x, **self.prompt_tokens(), crops=crops, frozen=False)
+            with torch.no_grad():
+                text = self.text_features()
+            return frozen_graph_inputs(self.encoder, x, crops=crops, frozen=False, text=text)
         if self._frozen_text is None or self._frozen_text.device != x.device:
             with torch.no_grad(), adapters_disabled(self.encoder):
                 self._frozen_text = self.encoder.encode_text(**self.prompt_tokens())
