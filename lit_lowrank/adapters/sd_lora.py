@@ -33,7 +33,8 @@ the student through the teacher: the ablation without implicit distillation).
 control: the same edge counts, no structure). A random teacher is ``teacher_warmup_steps=0,
 teacher_online=False``.
 
-Module protocol: ``frozen_graph_inputs(x, crops, frozen) -> {"patches", "global", "local", "text"}`` and
+Module protocol: ``frozen_graph_inputs(x, crops, frozen) -> {"patches", "global", "local", "text"}`` (and
+optionally ``crop_embeddings(x, crops, frozen) -> (B, K, D)``, so a step needs no other extra forward) and
 step ``outputs`` with ``features (B, D)`` (L2-normalised image embeddings),
 ``patch_features (B, P, D)`` and ``text_features (C, D)``; the datamodule may offer
 ``support_dataloader()`` (else ``train_dataloader()`` is used for the warm-up).
@@ -194,7 +195,11 @@ class SDLoRA(MethodCallback):
         """The graph's node features this step: the student's own tokens (with gradients) or the frozen towers'."""
         if self.teacher_inputs == "frozen":
             return self._detached_inputs(pl_module, x)
-        local = pl_module.frozen_graph_inputs(x, self.crops, frozen=False)["local"]  # crops: no gradient
+        if callable(getattr(pl_module, "crop_embeddings", None)):  # optional protocol member: crops only
+            local = pl_module.crop_embeddings(x, self.crops, frozen=False)
+        else:
+            local = pl_module.frozen_graph_inputs(x, self.crops, frozen=False)["local"]
+        local = local.detach()  # crop views carry no gradient (a training-only cost kept forward-only)
         return {"patches": outputs["patch_features"], "global": F.normalize(outputs["features"], dim=-1),
                 "local": local, "text": outputs["text_features"]}
 

@@ -356,17 +356,30 @@ def crop_boxes(height: int, width: int, crops: int = 4) -> list[tuple[int, int, 
 
 
 @torch.no_grad()
+def crop_embeddings(encoder: DualEncoder, pixels: Tensor, crops: int = 4, frozen: bool = True) -> Tensor:
+    """``(B, K, D)`` L2-normalised embeddings of each image's crops (:func:`crop_boxes`), each resized to the
+    full image and encoded without gradients; ``frozen`` bypasses every LoRA layer."""
+    h, w = pixels.shape[-2:]
+    boxes = crop_boxes(h, w, crops)
+    with adapters_disabled(encoder) if frozen else contextlib.nullcontext():
+        views = [F.interpolate(pixels[..., t:t + ch, le:le + cw], size=(h, w), mode="bilinear", align_corners=False)
+                 for t, le, ch, cw in boxes]
+        local, _ = encoder.encode_image(torch.cat(views))
+    return local.view(len(boxes), pixels.shape[0], -1).transpose(0, 1)
+
+
+@torch.no_grad()
 def frozen_graph_inputs(encoder: DualEncoder, pixels: Tensor, input_ids: Tensor | None = None,
                         attention_mask: Tensor | None = None, crops: int = 4, frozen: bool = True,
                         text: Tensor | None = None) -> dict[str, Tensor]:
     """The SD-LoRA teacher's inputs from the dual encoder without gradients.
 
-    Returns ``patches (B, P, D)``, ``global (B, D)``, ``local (B, K, D)`` (each crop resized to the
-    full image and encoded) and ``text (C, D)``; ``crops`` as :func:`crop_boxes`.
+    Returns ``patches (B, P, D)``, ``global (B, D)``, ``local (B, K, D)`` (:func:`crop_embeddings`) and
+    ``text (C, D)``.
 
     Args:
-        frozen: bypass every LoRA layer (the pretrained towers, the paper's teacher input);
-            ``False`` reads the current adapted towers (detached).
+        frozen: bypass every LoRA layer (the pretrained towers); ``False`` reads the current adapted
+            towers (detached).
         text: precomputed ``(C, D)`` class-text embeddings (the frozen ones never change, so callers cache
             them); otherwise ``input_ids``/``attention_mask`` are encoded.
 
@@ -374,15 +387,11 @@ def frozen_graph_inputs(encoder: DualEncoder, pixels: Tensor, input_ids: Tensor 
 
         inputs = frozen_graph_inputs(encoder, x, **encoder.tokenize(prompts), crops=4)
     """
-    h, w = pixels.shape[-2:]
     with adapters_disabled(encoder) if frozen else contextlib.nullcontext():
         glob, patches = encoder.encode_image(pixels)
-        views = [F.interpolate(pixels[..., t:t + ch, le:le + cw], size=(h, w), mode="bilinear", align_corners=False)
-                 for t, le, ch, cw in crop_boxes(h, w, crops)]
-        local, _ = encoder.encode_image(torch.cat(views))
         if text is None:
             if input_ids is None or attention_mask is None:
                 raise ValueError("frozen_graph_inputs: pass `text` or both `input_ids` and `attention_mask`.")
             text = encoder.encode_text(input_ids, attention_mask)
-    local = local.view(len(views), pixels.shape[0], -1).transpose(0, 1)
-    return {"patches": patches, "global": glob, "local": local, "text": text}
+    return {"patches": patches, "global": glob, "local": crop_embeddings(encoder, pixels, crops, frozen),
+            "text": text}
