@@ -176,20 +176,8 @@ def _summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def run(quick: bool = True, seed: int = 0) -> BenchmarkResult:
-    """Rows per (method, seed, chunk); claims and controls computed from them."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: one thread is the fastest and steady on a shared machine
-    try:
-        cfg = _settings(quick)
-        dm = target_data()
-        chunks = _chunks(dm, cfg["chunks"], cfg["batches_per_chunk"])
-        rows: list[dict[str, Any]] = []
-        for s in range(seed, seed + cfg["seeds"]):
-            rows += _seed_rows(dm, s, cfg, chunks)
-    finally:
-        torch.set_num_threads(threads)
-
+def claims_and_controls(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The claims and the controls from the rows (paired over ``unit`` = (seed, chunk))."""
     def ratio(text: str, a: str, b: str, paper: str) -> dict[str, Any]:
         va, vb, units = paired(rows, "ppl", {"method": a}, {"method": b}, unit="unit")
         return claim(text, paper=paper, quantity=f"ppl({a}) / ppl({b}) per text chunk, geometric mean", values=va,
@@ -220,6 +208,24 @@ def run(quick: bool = True, seed: int = 0) -> BenchmarkResult:
         ratio("random-subspace compensators (load-aware ranks, same bits) beat uniform SVD compensators",
               "svd_random", "svd_uniform", PAPER_LOAD),
     ]
+    return claims, controls
+
+
+def run(quick: bool = True, seed: int = 0) -> BenchmarkResult:
+    """Rows per (method, seed, chunk); claims and controls computed from them."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: one thread is the fastest and steady on a shared machine
+    try:
+        cfg = _settings(quick)
+        dm = target_data()
+        chunks = _chunks(dm, cfg["chunks"], cfg["batches_per_chunk"])
+        rows: list[dict[str, Any]] = []
+        for s in range(seed, seed + cfg["seeds"]):
+            rows += _seed_rows(dm, s, cfg, chunks)
+    finally:
+        torch.set_num_threads(threads)
+
+    claims, controls = claims_and_controls(rows)
     notes = {"target": "Qwen3-MoE 4 layers x 16 experts top-2, hidden 64, expert width 64, byte vocab, "
                        "Lee + text8 (cached per seed)", "model_config": MODEL_CONFIG, "fp_recipe": FP_RECIPE,
              "settings": cfg, "avg_rank": AVG_RANK, "lr_qat": LR_QAT, "threads": 1,

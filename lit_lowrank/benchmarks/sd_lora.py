@@ -171,6 +171,30 @@ def _summary(rows: list[dict[str, Any]], shot_counts: tuple[int, ...]) -> list[d
     return out
 
 
+def claims_and_controls(rows: list[dict[str, Any]], shot_counts: tuple[int, ...]
+                        ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The claims and the controls from the rows (paired over ``cell`` = (shots, seed))."""
+    def acc_claim(text: str, method: str, metric: str = "acc", shots: int | None = None, op: str = ">",
+                  paper: str = PAPER) -> dict[str, Any]:
+        sub = [r for r in rows if shots is None or r["shots"] == shots]
+        ours, base_, units = paired(sub, metric, {"method": method}, {"method": "clip_lora_cache"}, unit="cell")
+        quantity = (f"{metric}({method}) - {metric}(CLIP-LoRA + cache), "
+                    + ("fraction" if metric == "acc" else "ECE (15 bins, L1)")
+                    + (f", {shots}-shot cells" if shots else ", all (shots, seed) cells"))
+        return claim(text, paper=paper, quantity=quantity, values=ours, baseline=base_, unit="cell", units=units,
+                     target=0.0, op=op)
+
+    claims = [acc_claim(f"SD-LoRA accuracy above CLIP-LoRA + the same cache at {k} shots", "sd_lora", shots=k)
+              for k in shot_counts]
+    claims.append(acc_claim("SD-LoRA accuracy above CLIP-LoRA + the same cache, pooled over shot counts", "sd_lora"))
+    claims.append(acc_claim("SD-LoRA ECE below CLIP-LoRA + the same cache, pooled over shot counts", "sd_lora",
+                            metric="ece", op="<", paper=PAPER_CALIBRATION))
+    controls = [acc_claim("a teacher on shuffled graphs (random edges, same counts) beats CLIP-LoRA + cache",
+                          "sd_lora_shuffled_graph"),
+                acc_claim("an untrained, frozen teacher beats CLIP-LoRA + cache", "sd_lora_random_teacher")]
+    return claims, controls
+
+
 def run(quick: bool, seed: int) -> BenchmarkResult:
     from lit_lowrank.models.dual_encoder import QKV_TARGETS, tiny_digit_clip
 
@@ -191,24 +215,7 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
     finally:
         torch.set_num_threads(threads)
 
-    def acc_claim(text: str, method: str, metric: str = "acc", shots: int | None = None, op: str = ">",
-                  paper: str = PAPER) -> dict[str, Any]:
-        sub = [r for r in rows if shots is None or r["shots"] == shots]
-        ours, base_, units = paired(sub, metric, {"method": method}, {"method": "clip_lora_cache"}, unit="cell")
-        quantity = (f"{metric}({method}) - {metric}(CLIP-LoRA + cache), "
-                    + ("fraction" if metric == "acc" else "ECE (15 bins, L1)")
-                    + (f", {shots}-shot cells" if shots else ", all (shots, seed) cells"))
-        return claim(text, paper=paper, quantity=quantity, values=ours, baseline=base_, unit="cell", units=units,
-                     target=0.0, op=op)
-
-    claims = [acc_claim(f"SD-LoRA accuracy above CLIP-LoRA + the same cache at {k} shots", "sd_lora", shots=k)
-              for k in shot_counts]
-    claims.append(acc_claim("SD-LoRA accuracy above CLIP-LoRA + the same cache, pooled over shot counts", "sd_lora"))
-    claims.append(acc_claim("SD-LoRA ECE below CLIP-LoRA + the same cache, pooled over shot counts", "sd_lora",
-                            metric="ece", op="<", paper=PAPER_CALIBRATION))
-    controls = [acc_claim("a teacher on shuffled graphs (random edges, same counts) beats CLIP-LoRA + cache",
-                          "sd_lora_shuffled_graph"),
-                acc_claim("an untrained, frozen teacher beats CLIP-LoRA + cache", "sd_lora_random_teacher")]
+    claims, controls = claims_and_controls(rows, shot_counts)
     notes = {"lora_targets": targets, "steps": steps, "lr_grid": list(lr_grid), "sd_lora": SD_LORA_KWARGS,
              "controls": CONTROLS, "shots": list(shot_counts), "seeds": seeds,
              "task": "5-way N-shot on MNIST-5k digits 5-9 (750 test, 250 val); model pretrained on MNIST 0-4 + "
