@@ -237,8 +237,16 @@ class SDLoRA(MethodCallback):
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                                  optimizer: torch.optim.Optimizer) -> None:
         # the student's backward filled the teacher's gradients (its cross-entropy is in the loss)
-        if self.teacher_online and any(p.grad is not None for p in self.teacher.parameters()):
-            self.optimizer.step()
+        grads = [p.grad for p in self.teacher.parameters() if p.grad is not None]
+        if self.teacher_online and grads:
+            # under mixed precision the loss was scaled and Lightning unscales only the module's optimizer
+            scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None) if trainer else None
+            if scaler is not None and scaler.is_enabled():
+                inv = 1.0 / float(scaler.get_scale())
+                for g in grads:
+                    g.mul_(inv)
+            if all(bool(torch.isfinite(g).all()) for g in grads):  # an overflowing step is skipped, as AMP does
+                self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
 
     # ------------------------------------------------------------------ the loss hook

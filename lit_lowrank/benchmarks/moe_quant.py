@@ -61,7 +61,7 @@ PAPER_LOAD = ("load-aware low-rank compensation that assigns larger compensation
 
 
 def _settings(quick: bool) -> dict[str, Any]:
-    return {"seeds": 3 if quick else 5, "qat_steps": 100 if quick else 400, "chunks": 8 if quick else 16,
+    return {"seeds": 3 if quick else 5, "qat_steps": 100 if quick else 400, "chunks": 16 if quick else 32,
             "batches_per_chunk": 2 if quick else 4, "calib_batches": 4 if quick else 16}
 
 
