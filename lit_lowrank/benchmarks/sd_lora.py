@@ -59,6 +59,7 @@ CONTROLS: dict[str, dict[str, Any]] = {
     "sd_lora_random_teacher": {"teacher_warmup_steps": 0, "teacher_online": False},
 }
 METHODS = ("zero_shot", "tip_adapter", "tip_adapter_f", "clip_lora", "clip_lora_cache", "sd_lora", *CONTROLS)
+DIAGNOSTICS = ("teacher_val_acc", "student_val_acc", "clip_lora_val_acc", "lora_shift", "ppa_target_entropy")
 PAPER = ("SD-LoRA improves over a strong CLIP-LoRA baseline by 1.3/1.2/2.4/1.9/2.0% in the 1/2/4/8/16-shot "
          "settings, while adding no graph computation at test time")
 PAPER_CALIBRATION = ("training-time structural supervision improves not only accuracy but also transfer "
@@ -141,8 +142,14 @@ def _cell(base: Any, shots: int, seed: int, targets: str, steps: int, lr_grid: t
     out["tip_adapter_f"] = _scores(logits, y)
     lrs: dict[str, float] = {}
     clip_lora, lrs["clip_lora"] = _select_lr(lambda lr: _fit(base, dm, targets, steps, lr, seed, []), dm, lr_grid)
-    sd_lora, lrs["sd_lora"] = _select_lr(
-        lambda lr: _fit(base, dm, targets, steps, lr, seed, [SDLoRA(seed=seed, **SD_LORA_KWARGS)]), dm, lr_grid)
+    teachers: list[SDLoRA] = []
+
+    def fit_sd(lr: float) -> Any:
+        teachers.append(SDLoRA(seed=seed, **SD_LORA_KWARGS))
+        return _fit(base, dm, targets, steps, lr, seed, [teachers[-1]])
+
+    sd_lora, lrs["sd_lora"] = _select_lr(fit_sd, dm, lr_grid)
+    diag = _diagnostics(sd_lora, teachers[lr_grid.index(lrs["sd_lora"])], clip_lora, frozen, dm)
     exported = {"clip_lora": clip_lora.export_inference_model(use_cache=False),
                 "clip_lora_cache": clip_lora.export_inference_model(dm),
                 "sd_lora": sd_lora.export_inference_model(dm)}
@@ -155,7 +162,35 @@ def _cell(base: Any, shots: int, seed: int, targets: str, steps: int, lr_grid: t
             out[name] = _scores(clf(x), y)
     cell = f"{shots}shot-seed{seed}"
     return [{"method": m, "shots": shots, "seed": seed, "cell": cell, **out[m],
-             **({"lr": lrs[m]} if m in lrs else {})} for m in METHODS]
+             **({"lr": lrs[m]} if m in lrs else {}), **(diag if m == "sd_lora" else {})} for m in METHODS]
+
+
+@torch.no_grad()
+def _diagnostics(sd_lora: Any, callback: Any, clip_lora: Any, frozen: Any, dm: Any) -> dict[str, float]:
+    """What the teacher could transfer and how far it moved the LoRA solution (measured causes of the verdicts).
+
+    ``teacher_val_acc``: the trained teacher's own accuracy on the val images (graphs from the SD-LoRA
+    student's adapted towers) beside ``student_val_acc`` (that student without cache) and
+    ``clip_lora_val_acc``; ``lora_shift``: ``‖ΔW_SD − ΔW_CLIP‖ / ‖ΔW_CLIP‖`` over the image tower's merged
+    weights (0: the teacher terms did not move the LoRA solution); ``ppa_target_entropy`` at the end.
+    """
+    from lit_lowrank.datamodules.fewshot import collect
+
+    xv, yv = collect(dm.val_dataloader())
+    callback.teacher.eval()
+    cos = callback._teacher_forward(sd_lora.frozen_graph_inputs(xv, callback.crops, frozen=False))["cosines"]
+    acc = {"teacher_val_acc": float((cos.argmax(-1) == yv).float().mean())}
+    for name, module in (("student_val_acc", sd_lora), ("clip_lora_val_acc", clip_lora)):
+        acc[name] = float((module.export_inference_model(use_cache=False)(xv).argmax(-1) == yv).float().mean())
+    w0 = frozen.export_inference_model(use_cache=False).image.state_dict()
+    w_sd = sd_lora.export_inference_model(use_cache=False).image.state_dict()
+    w_clip = clip_lora.export_inference_model(use_cache=False).image.state_dict()
+    num = sum(float((w_sd[k] - w_clip[k]).pow(2).sum()) for k in w0 if w0[k].is_floating_point())
+    den = sum(float((w_clip[k] - w0[k]).pow(2).sum()) for k in w0 if w0[k].is_floating_point())
+    from lit_lowrank.adapters.sd_lora import target_entropy
+
+    return {**acc, "lora_shift": (num / den) ** 0.5 if den > 0 else float("nan"),
+            "ppa_target_entropy": float(target_entropy(cos, callback.tau_ppa))}
 
 
 def _summary(rows: list[dict[str, Any]], shot_counts: tuple[int, ...]) -> list[dict[str, Any]]:
@@ -167,6 +202,10 @@ def _summary(rows: list[dict[str, Any]], shot_counts: tuple[int, ...]) -> list[d
             row[f"acc_{k}shot"] = statistics.mean(accs)
         row["acc_mean"] = statistics.mean(r["acc"] for r in rows if r["method"] == m)
         row["ece_mean"] = statistics.mean(r["ece"] for r in rows if r["method"] == m)
+        for key in DIAGNOSTICS:
+            values = [r[key] for r in rows if r["method"] == m and key in r]
+            if values:
+                row[key] = statistics.mean(values)
         out.append(row)
     return out
 
@@ -200,12 +239,12 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
 
     _quiet_lightning()
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # fixed for the whole run; one thread is the fastest for these widths
+    torch.set_num_threads(2)  # fixed for the whole run
     try:
         shot_counts = (1, 2, 4) if quick else (1, 2, 4, 8, 16)
         seeds = [seed + i for i in range(3 if quick else 5)]
         targets = QUICK_TARGETS if quick else QKV_TARGETS
-        steps = 80 if quick else 200
+        steps = 60 if quick else 200
         lr_grid = (2e-3,) if quick else (1e-3, 2e-3, 4e-3)
         base = tiny_digit_clip()
         rows: list[dict[str, Any]] = []
