@@ -60,6 +60,8 @@ from lit_lowrank.quant.moe import (
 from lit_lowrank.quant.moe_routing import RouteController, find_moe_blocks, replay_schedule, select_layers
 from lit_lowrank.quant.ptq import _to_device, default_forward
 
+#: Where replayed routes come from: the FP pass of the same tokens, or (control) those routes shuffled.
+ROUTE_SOURCES = ("fp", "shuffled")
 #: Above this many experts per layer, per-expert diagnostics are summarised per layer.
 PER_EXPERT_LOG_LIMIT = 16
 
@@ -203,7 +205,10 @@ class RoutingReplay(MethodCallback):
         temperature: ``T`` of the distillation.
         freeze_router: set the routers' ``requires_grad`` to False in ``setup`` (the spec's setting).
         val_agreement: on validation, also run the FP pass and log top-k agreement per layer.
-        seed: seed of the per-step replay draws.
+        seed: seed of the per-step replay draws (and of ``route_source="shuffled"``).
+        route_source: ``"fp"`` (the method: the FP routes of the same tokens) or ``"shuffled"`` (a control:
+            each layer's FP routes permuted across the batch's tokens before they are replayed — the same
+            per-layer expert loads, the wrong token-to-expert pairs).
         forward: ``forward(module, batch) -> output with logits`` for the FP pass (default: the
             module's ``step`` or ``module(batch["input_ids"])``).
 
@@ -218,11 +223,13 @@ class RoutingReplay(MethodCallback):
                  anneal_steps: int | None = None, layers: Sequence[int] | float | None = None,
                  kl_weight: float = 1.0, ce_weight: float = 1.0, temperature: float = 1.0,
                  freeze_router: bool = True, val_agreement: bool = True, seed: int = 0,
-                 forward: Callable[[Any, Any], Any] | None = None) -> None:
+                 forward: Callable[[Any, Any], Any] | None = None, route_source: str = "fp") -> None:
         for name, value in (("replay_start", replay_start), ("replay_end", replay_end)):
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"`{name}`={value!r}: expected a probability in [0, 1].")
         replay_schedule(0, 1, replay_start, replay_end, schedule)  # validates `schedule`
+        if route_source not in ROUTE_SOURCES:
+            raise ValueError(f"`route_source`={route_source!r}: expected one of {ROUTE_SOURCES}.")
         if temperature <= 0 or kl_weight < 0 or ce_weight < 0:
             raise ValueError(f"temperature={temperature}, kl_weight={kl_weight}, ce_weight={ce_weight}: expected "
                              "temperature > 0 and non-negative weights.")
@@ -231,6 +238,7 @@ class RoutingReplay(MethodCallback):
         self.kl_weight, self.ce_weight, self.temperature = float(kl_weight), float(ce_weight), float(temperature)
         self.freeze_router, self.val_agreement, self.seed = bool(freeze_router), bool(val_agreement), int(seed)
         self.forward = forward or default_forward
+        self.route_source = route_source
         self.controller: RouteController | None = None
         self._teacher: Tensor | None = None
         self._replayed = False
@@ -280,6 +288,10 @@ class RoutingReplay(MethodCallback):
         self._teacher = self._fp_pass(pl_module, batch)
         self._prob = self.replay_probability(trainer.global_step, trainer)
         self._replayed = self.replay_decision(trainer.global_step, self._prob)
+        if self._replayed and self.route_source == "shuffled":
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + int(trainer.global_step) + 7)
+            self.controller.routes = {i: [c[torch.randperm(c.shape[0], generator=gen).to(c.device)] for c in calls]
+                                      for i, calls in self.controller.routes.items()}
         self.controller.set_mode("replay" if self._replayed else "observe")
 
     def on_loss(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, outputs: dict[str, Any],

@@ -184,7 +184,26 @@ def adapters_disabled(module: nn.Module) -> Iterator[None]:
 # ----------------------------------------------------------------------------- the embedded default
 
 DIGIT_PRETRAIN_TEMPLATES = ("a photo of the digit {}.", "a handwritten {}.", "the number {}.",
-                            "a drawing of the numeral {}.", "a {} written by hand.")
+                            "a drawing of the numeral {}.", "a {} written by hand.", "a blurry picture of a {}.",
+                            "a low-resolution scan of the digit {}.", "the numeral {}, written with a pen.")
+#: Sources of the embedded pretraining images (``concepts``): MNIST-5k pools of the base digits only, and
+#: scikit-learn's 8×8 digits (another writer population, another resolution) of every digit.
+CONCEPT_SOURCES = ("sklearn_digits", "none")
+
+
+def sklearn_digit_images(size: int = 28, digit_box: int = 20) -> tuple[Tensor, Tensor]:
+    """scikit-learn's 1,797 8×8 digits laid out as MNIST: upsampled to ``digit_box`` and centred in ``size``.
+
+    Returns ``images (N, 1, size, size)`` in [0, 1] and ``labels (N,)``.
+    """
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = torch.from_numpy(digits.images / 16.0).float().unsqueeze(1)
+    x = F.interpolate(x, size=(digit_box, digit_box), mode="bilinear", align_corners=False).clamp(0, 1)
+    pad = (size - digit_box) // 2
+    x = F.pad(x, (pad, size - digit_box - pad, pad, size - digit_box - pad))
+    return x, torch.from_numpy(digits.target).long()
 
 
 def _tiny_vision_config(embed_dim: int, width: int, layers: int) -> Any:
@@ -210,27 +229,49 @@ def build_tiny_digit_clip(embed_dim: int = 64, width: int = 64, layers: int = 3,
                        text_pooling="mean")
 
 
-def _pretrain(encoder: DualEncoder, base_classes: Sequence[int], steps: int, seed: int) -> None:
-    """Contrastive (image → class-text) training of the image tower and both projections on base digits.
+def pretraining_set(base_classes: Sequence[int], concepts: str = "sklearn_digits") -> tuple[Tensor, Tensor]:
+    """The embedded model's image–label pretraining pairs (labels are digits 0–9).
+
+    MNIST-5k's pool images (the first 300 per class; query images are never used) of ``base_classes``, plus,
+    with ``concepts="sklearn_digits"``, every scikit-learn 8×8 digit: the held-out digits are then known as
+    *concepts* from another source — as web-scale CLIP knows most few-shot classes — while their MNIST
+    images stay unseen, so zero-shot transfer to them is possible and few-shot adaptation still has a
+    domain gap to close.
+    """
+    from lit_lowrank.datamodules.fewshot import load_digit_pools
+
+    if concepts not in CONCEPT_SOURCES:
+        raise ValueError(f"`concepts`={concepts!r}, expected one of {CONCEPT_SOURCES}.")
+    images, labels, in_pool = load_digit_pools()
+    keep = in_pool & torch.isin(labels, torch.tensor(sorted(base_classes)))
+    x, y = images[keep], labels[keep]
+    if concepts == "sklearn_digits":
+        xs, ys = sklearn_digit_images()
+        x, y = torch.cat([x, xs]), torch.cat([y, ys])
+    return x, y
+
+
+def _pretrain(encoder: DualEncoder, base_classes: Sequence[int], steps: int, seed: int, concepts: str) -> None:
+    """Contrastive (image → class-text) training of the image tower and both projections.
 
     The MiniLM tower stays frozen, so the pooled prompt states are computed once; each step an
-    image is scored against every base class under one random template (CLIP's image-side loss
-    with class prompts as the text batch).
+    image is scored against the prompts of every digit in the pretraining set under one random
+    template (CLIP's image-side loss with class prompts as the text batch).
     """
-    from lit_lowrank.datamodules.fewshot import DIGIT_NAMES, load_digit_pools, random_shift
+    from lit_lowrank.datamodules.fewshot import DIGIT_NAMES, random_shift
 
-    images, labels, in_pool = load_digit_pools()
-    base = torch.tensor(sorted(base_classes))
-    keep = in_pool & torch.isin(labels, base)
-    x, y = images[keep], torch.searchsorted(base, labels[keep])
-    prompts = [t.format(DIGIT_NAMES[int(c)]) for t in DIGIT_PRETRAIN_TEMPLATES for c in base]
+    x, labels = pretraining_set(base_classes, concepts)
+    classes = torch.unique(labels)
+    y = torch.searchsorted(classes, labels)
+    prompts = [t.format(DIGIT_NAMES[int(c)]) for t in DIGIT_PRETRAIN_TEMPLATES for c in classes]
     encoder.text_model.requires_grad_(False)
     with torch.no_grad():
-        pooled = encoder.pool_text(**encoder.tokenize(prompts)).view(len(DIGIT_PRETRAIN_TEMPLATES), len(base), -1)
+        pooled = encoder.pool_text(**encoder.tokenize(prompts)).view(len(DIGIT_PRETRAIN_TEMPLATES), len(classes), -1)
     params = [p for n, p in encoder.named_parameters() if not n.startswith("text_model.")]
     opt = torch.optim.AdamW(params, lr=2e-3, weight_decay=0.05)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-3, total_steps=steps, pct_start=0.1)
     g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)  # random_shift draws from the global generator
     shift = random_shift(2)
     encoder.train()
     for _ in range(steps):
@@ -248,15 +289,19 @@ def _pretrain(encoder: DualEncoder, base_classes: Sequence[int], steps: int, see
 
 
 def tiny_digit_clip(base_classes: Sequence[int] = (0, 1, 2, 3, 4), embed_dim: int = 64, width: int = 64,
-                    layers: int = 3, steps: int = 300, seed: int = 0,
+                    layers: int = 3, steps: int = 600, seed: int = 0, concepts: str = "sklearn_digits",
                     cache_dir: str | os.PathLike | None = None) -> DualEncoder:
-    """The embedded CLIP-like model, pretrained once on the base digits and cached.
+    """The embedded CLIP-like model, pretrained once (:func:`pretraining_set`) and cached.
 
     Args:
-        base_classes: digits seen in pretraining (the few-shot datamodule's default novel classes are the rest).
+        base_classes: digits whose MNIST-5k images are seen in pretraining (the few-shot datamodule's
+            default novel classes are the rest).
         embed_dim / width / layers: joint width, ViT width and depth.
         steps: contrastive pretraining steps (batch 64).
         seed: initialisation and sampling seed.
+        concepts: ``"sklearn_digits"`` (the default: every digit also from scikit-learn's 8×8 set, so
+            zero-shot on the held-out MNIST digits is above chance, as a real CLIP's is) or ``"none"``
+            (MNIST base digits only: the held-out digits are unknown concepts, zero-shot near chance).
         cache_dir: cache root; default ``$LIT_LOWRANK_CACHE`` or ``~/.cache/lit_lowrank``.
 
     Returns:
@@ -264,18 +309,20 @@ def tiny_digit_clip(base_classes: Sequence[int] = (0, 1, 2, 3, 4), embed_dim: in
 
     .. code-block:: python
 
-        enc = tiny_digit_clip()          # pretrained on digits 0-4; adapt it to 5-9 few-shot
+        enc = tiny_digit_clip()          # pretrained on MNIST digits 0-4 + sklearn digits 0-9; adapt to MNIST 5-9
     """
     from lit_lowrank.models.pretrained import _cache_root
 
+    if concepts not in CONCEPT_SOURCES:
+        raise ValueError(f"`concepts`={concepts!r}, expected one of {CONCEPT_SOURCES}.")
     encoder = build_tiny_digit_clip(embed_dim, width, layers, seed)
-    key = f"{sorted(base_classes)}-{embed_dim}-{width}-{layers}-{steps}-{seed}-v1"
+    key = f"{sorted(base_classes)}-{embed_dim}-{width}-{layers}-{steps}-{seed}-{concepts}-v2"
     path = _cache_root(cache_dir) / f"tiny_digit_clip-{hashlib.sha1(key.encode()).hexdigest()[:10]}.pt"
     trained = [n for n in encoder.state_dict() if not n.startswith("text_model.")]
     if path.is_file():
         encoder.load_state_dict(torch.load(path, weights_only=True), strict=False)
         return encoder.eval()
-    _pretrain(encoder, base_classes, steps, seed)
+    _pretrain(encoder, base_classes, steps, seed, concepts)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")  # per-process name: concurrent runs never read a partial file
     torch.save({n: t for n, t in encoder.state_dict().items() if n in trained}, tmp)
@@ -309,17 +356,30 @@ def crop_boxes(height: int, width: int, crops: int = 4) -> list[tuple[int, int, 
 
 
 @torch.no_grad()
+def crop_embeddings(encoder: DualEncoder, pixels: Tensor, crops: int = 4, frozen: bool = True) -> Tensor:
+    """``(B, K, D)`` L2-normalised embeddings of each image's crops (:func:`crop_boxes`), each resized to the
+    full image and encoded without gradients; ``frozen`` bypasses every LoRA layer."""
+    h, w = pixels.shape[-2:]
+    boxes = crop_boxes(h, w, crops)
+    with adapters_disabled(encoder) if frozen else contextlib.nullcontext():
+        views = [F.interpolate(pixels[..., t:t + ch, le:le + cw], size=(h, w), mode="bilinear", align_corners=False)
+                 for t, le, ch, cw in boxes]
+        local, _ = encoder.encode_image(torch.cat(views))
+    return local.view(len(boxes), pixels.shape[0], -1).transpose(0, 1)
+
+
+@torch.no_grad()
 def frozen_graph_inputs(encoder: DualEncoder, pixels: Tensor, input_ids: Tensor | None = None,
                         attention_mask: Tensor | None = None, crops: int = 4, frozen: bool = True,
                         text: Tensor | None = None) -> dict[str, Tensor]:
     """The SD-LoRA teacher's inputs from the dual encoder without gradients.
 
-    Returns ``patches (B, P, D)``, ``global (B, D)``, ``local (B, K, D)`` (each crop resized to the
-    full image and encoded) and ``text (C, D)``; ``crops`` as :func:`crop_boxes`.
+    Returns ``patches (B, P, D)``, ``global (B, D)``, ``local (B, K, D)`` (:func:`crop_embeddings`) and
+    ``text (C, D)``.
 
     Args:
-        frozen: bypass every LoRA layer (the pretrained towers, the paper's teacher input);
-            ``False`` reads the current adapted towers (detached).
+        frozen: bypass every LoRA layer (the pretrained towers); ``False`` reads the current adapted
+            towers (detached).
         text: precomputed ``(C, D)`` class-text embeddings (the frozen ones never change, so callers cache
             them); otherwise ``input_ids``/``attention_mask`` are encoded.
 
@@ -327,15 +387,11 @@ def frozen_graph_inputs(encoder: DualEncoder, pixels: Tensor, input_ids: Tensor 
 
         inputs = frozen_graph_inputs(encoder, x, **encoder.tokenize(prompts), crops=4)
     """
-    h, w = pixels.shape[-2:]
     with adapters_disabled(encoder) if frozen else contextlib.nullcontext():
         glob, patches = encoder.encode_image(pixels)
-        views = [F.interpolate(pixels[..., t:t + ch, le:le + cw], size=(h, w), mode="bilinear", align_corners=False)
-                 for t, le, ch, cw in crop_boxes(h, w, crops)]
-        local, _ = encoder.encode_image(torch.cat(views))
         if text is None:
             if input_ids is None or attention_mask is None:
                 raise ValueError("frozen_graph_inputs: pass `text` or both `input_ids` and `attention_mask`.")
             text = encoder.encode_text(input_ids, attention_mask)
-    local = local.view(len(views), pixels.shape[0], -1).transpose(0, 1)
-    return {"patches": patches, "global": glob, "local": local, "text": text}
+    return {"patches": patches, "global": glob, "local": crop_embeddings(encoder, pixels, crops, frozen),
+            "text": text}

@@ -4,6 +4,11 @@ Each layer is pre-norm multi-head attention restricted to the graph's edges, wit
 per-head bias for each edge type, followed by an MLP; node-type embeddings are added to the
 inputs. The teacher reads the global node against the class-text nodes for its logits and the
 patch nodes against the patch / text nodes for its relations.
+
+The teacher's class scores are plain cosines ``cos(global node, text node)`` in ``[-1, 1]``; its one
+learned ``logit_scale`` is applied exactly once, by :meth:`HeteroGraphTeacher.logits`, for its
+cross-entropy. Prototype Predictive Alignment reads the cosines with its own temperature ``τ``
+(``softmax(cos / τ)``), the same scale as the student's ``f Pᵀ / τ``.
 """
 
 from __future__ import annotations
@@ -45,13 +50,14 @@ class HeteroGraphTeacher(nn.Module):
         heads: attention heads (must divide ``dim``).
         mlp_ratio: hidden width of each layer's MLP relative to ``dim``.
         tau: temperature of the teacher's relations.
-        init_logit_scale: initial ``log`` of the scale of the teacher's cosine logits.
+        init_logit_scale: initial ``log`` of the scale of the teacher's cosines in its cross-entropy.
 
     .. code-block:: python
 
         teacher = HeteroGraphTeacher(dim=64)
         out = teacher(build_hetero_graph(patches, glob, local, text, quadrant_crop_mask(4)))
-        out["logits"], out["patch_patch"], out["patch_text"]   # (B, C), (B, P, P), (B, P, C)
+        out["cosines"], out["patch_patch"], out["patch_text"]   # (B, C) in [-1, 1], (B, P, P), (B, P, C)
+        loss = F.cross_entropy(teacher.logits(out["cosines"]), y)   # exp(logit_scale) * cosines, once
     """
 
     def __init__(self, dim: int, num_layers: int = 2, heads: int = 4, mlp_ratio: float = 2.0, tau: float = 0.1,
@@ -68,8 +74,13 @@ class HeteroGraphTeacher(nn.Module):
         self.norm = nn.LayerNorm(dim)
         self.logit_scale = nn.Parameter(torch.tensor(float(init_logit_scale)))
 
+    def logits(self, cosines: Tensor) -> Tensor:
+        """The cross-entropy logits ``exp(logit_scale) · cosines`` (the only place the scale is applied)."""
+        return self.logit_scale.exp() * cosines
+
     def forward(self, graph: HeteroGraph) -> dict[str, Tensor]:
-        """``logits (B, C)``, ``nodes (B, N, D)`` and relations ``patch_patch (B, P, P)``, ``patch_text (B, P, C)``."""
+        """``cosines (B, C)`` (global node vs class-text nodes, unscaled), ``nodes (B, N, D)`` and relations
+        ``patch_patch (B, P, P)``, ``patch_text (B, P, C)``."""
         h = graph.x + self.type_embedding(graph.node_type)[None]
         for layer in self.layers:
             h = layer(h, graph)
@@ -78,6 +89,6 @@ class HeteroGraphTeacher(nn.Module):
         sl = graph.slices
         glob = F.normalize(h[:, sl["global"]], dim=-1)  # (B, 1, D)
         text = F.normalize(h[:, sl["text"]], dim=-1)    # (B, C, D)
-        logits = self.logit_scale.exp() * (glob @ text.transpose(1, 2)).squeeze(1)
+        cosines = (glob @ text.transpose(1, 2)).squeeze(1)
         pp, pt = relation_matrices(h[:, sl["patch"]], text, self.tau)
-        return {"logits": logits, "nodes": h, "patch_patch": pp, "patch_text": pt}
+        return {"cosines": cosines, "nodes": h, "patch_patch": pp, "patch_text": pt}

@@ -110,6 +110,8 @@ def build_hetero_graph(
     text_emb: Tensor,
     crop_patch_mask: Tensor,
     patch_k: int = 4,
+    structure: str = "knn",
+    generator: torch.Generator | None = None,
 ) -> HeteroGraph:
     """The SD-LoRA teacher graph of each image.
 
@@ -120,6 +122,11 @@ def build_hetero_graph(
         text_emb: ``(C, D)`` class-prompt embeddings (shared by every image's graph).
         crop_patch_mask: ``(K, P)`` bool, the patches each crop covers (:func:`quadrant_crop_mask`).
         patch_k: each patch receives edges from its ``patch_k`` most cosine-similar other patches.
+        structure: ``"knn"`` (the graph above) or ``"shuffled"`` (the control: each patch's ``patch_k``
+            neighbours drawn uniformly among the other patches, and each image's patch order permuted
+            before the crop mask is applied — the same node and edge counts per type, no spatial or
+            similarity structure).
+        generator: random source of ``"shuffled"`` (default: the global generator).
 
     Returns:
         A :class:`HeteroGraph` with ``N = P + 1 + K + C`` nodes per image. Edge counts for the
@@ -139,6 +146,8 @@ def build_hetero_graph(
         raise ValueError(f"`crop_patch_mask` has shape {tuple(crop_patch_mask.shape)}, expected (K, P) = ({k}, {p}).")
     if not 1 <= patch_k < p:
         raise ValueError(f"`patch_k`={patch_k}, expected 1 <= patch_k < P = {p}.")
+    if structure not in ("knn", "shuffled"):
+        raise ValueError(f"`structure`={structure!r}, expected 'knn' or 'shuffled'.")
     n = p + 1 + k + c
     sl = {"patch": slice(0, p), "global": slice(p, p + 1), "local": slice(p + 1, p + 1 + k),
           "text": slice(p + 1 + k, n)}
@@ -155,17 +164,23 @@ def build_hetero_graph(
             block[mask.expand_as(block)] = value
 
     # patch-patch: k nearest neighbours by cosine, self excluded (self loops are their own type)
-    unit = F.normalize(patches, dim=-1)
-    sim = unit @ unit.transpose(1, 2)
+    if structure == "knn":
+        unit = F.normalize(patches.detach(), dim=-1)
+        sim = unit @ unit.transpose(1, 2)
+    else:  # random scores: k uniformly drawn other patches
+        sim = torch.rand(b, p, p, generator=generator).to(patches.device)
     sim.diagonal(dim1=1, dim2=2).fill_(-math.inf)
     nearest = sim.topk(patch_k, dim=-1).indices
     pp = torch.zeros(b, p, p, dtype=torch.bool, device=patches.device).scatter_(2, nearest, True)
     put(sl["patch"], sl["patch"], "patch-patch", pp)
     put(sl["global"], sl["patch"], "global-patch")
     put(sl["patch"], sl["global"], "global-patch")
-    cover = crop_patch_mask.to(device=patches.device, dtype=torch.bool)
-    put(sl["local"], sl["patch"], "local-patch", cover[None])
-    put(sl["patch"], sl["local"], "local-patch", cover.T[None])
+    cover = crop_patch_mask.to(device=patches.device, dtype=torch.bool)[None].expand(b, k, p)
+    if structure == "shuffled":  # each image's crops cover a random set of patches of the same size
+        perm = torch.argsort(torch.rand(b, p, generator=generator), dim=-1).to(patches.device)
+        cover = cover.gather(2, perm[:, None, :].expand(b, k, p))
+    put(sl["local"], sl["patch"], "local-patch", cover)
+    put(sl["patch"], sl["local"], "local-patch", cover.transpose(1, 2))
     put(sl["global"], sl["local"], "global-local")
     put(sl["local"], sl["global"], "global-local")
     visual = slice(0, p + 1 + k)

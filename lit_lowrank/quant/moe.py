@@ -47,13 +47,18 @@ from lit_lowrank.ops.rank_allocation import allocate_ranks, uniform_ranks, weigh
 from lit_lowrank.quant.moe_routing import RouteController, find_moe_blocks
 
 __all__ = [
-    "MXFP4Experts", "PROJECTIONS", "allocate_expert_ranks", "apply_moe_quant", "expert_loads",
-    "expert_residual_spectra", "fp_reference", "load_weighted_error", "load_weighted_residual", "moe_experts",
+    "COMPENSATOR_BITS", "INITS", "MXFP4Experts", "PROJECTIONS", "allocate_expert_ranks", "apply_moe_quant",
+    "expert_loads", "expert_residual_spectra", "fp_reference", "load_weighted_error", "load_weighted_residual",
+    "moe_experts",
 ]
 
 METHOD = "moe_quant"
 #: The expert weight tensors quantized and compensated, in this order in every rank table.
 PROJECTIONS = ("gate_up_proj", "down_proj")
+#: Compensator initialisations (``"random"`` is the control: same ranks, random subspace).
+INITS = ("svd", "zeros", "random")
+#: Storage of one compensator factor entry (BF16, as the adapters are served).
+COMPENSATOR_BITS = 16
 
 
 class MXFP4Experts(nn.Module):
@@ -63,7 +68,11 @@ class MXFP4Experts(nn.Module):
         base: the transformers experts module (its ``gate_up_proj`` / ``down_proj`` are frozen).
         ranks: ``[[r_e for gate_up_proj], [r_e for down_proj]]`` (``None`` = no compensator).
         block_size: MX block size along the input dimension.
-        init: ``"svd"`` (truncated SVD of the residual) or ``"zeros"`` (``B = 0``, LoRA-style).
+        init: ``"svd"`` (truncated SVD of the residual), ``"zeros"`` (``B = 0``, LoRA-style) or
+            ``"random"`` (the residual projected on a random rank-``r_e`` subspace of the input space,
+            ``B A = R V Vᵀ`` with ``V`` random orthonormal: a control with the same ranks and storage, no
+            spectral selection).
+        seed: random source of ``init="random"``.
 
     .. code-block:: python
 
@@ -71,10 +80,11 @@ class MXFP4Experts(nn.Module):
     """
 
     def __init__(self, base: nn.Module, ranks: list[list[int]] | None = None, block_size: int = MX_BLOCK,
-                 init: str = "svd") -> None:
+                 init: str = "svd", seed: int = 0) -> None:
         super().__init__()
-        if init not in ("svd", "zeros"):
-            raise ValueError(f"`init`={init!r}: expected 'svd' or 'zeros'.")
+        if init not in INITS:
+            raise ValueError(f"`init`={init!r}: expected one of {INITS}.")
+        gen = torch.Generator().manual_seed(int(seed))
         self.base = base
         self.block_size = int(block_size)
         self.num_experts = int(getattr(base, PROJECTIONS[0]).shape[0])
@@ -101,12 +111,15 @@ class MXFP4Experts(nn.Module):
                 mask[i, :r] = 1.0
             a = torch.zeros(e, r_max, in_f)
             b = torch.zeros(e, out_f, r_max)
-            if init == "svd":
+            if init != "zeros":
                 residual = (w.detach().float() - mxfp4_quantize(w.detach().float(), self.block_size))
                 for i, r in enumerate(rs):
-                    if r > 0:
+                    if r > 0 and init == "svd":
                         bi, ai = low_rank_factors(residual[i], r)  # residual ≈ bi (out, r) @ ai (r, in)
                         b[i, :, :r], a[i, :r] = bi, ai
+                    elif r > 0:  # random subspace: the best correction within span(V), V random orthonormal
+                        v, _ = torch.linalg.qr(torch.randn(in_f, r, generator=gen))
+                        b[i, :, :r], a[i, :r] = residual[i].cpu() @ v, v.T
             self.register_parameter(f"lora_A_{proj}", nn.Parameter(a.to(w.dtype)))
             self.register_parameter(f"lora_B_{proj}", nn.Parameter(b.to(w.dtype)))
             self.register_buffer(f"rank_mask_{proj}", mask.to(w.dtype))
@@ -167,13 +180,22 @@ class MXFP4Experts(nn.Module):
             total += sum(rs) * (out_f + in_f)
         return total
 
-    def storage(self) -> BitsBreakdown:
-        """MXFP4 storage of the expert weights (4.25 bits/weight; compensators excluded, see the card)."""
+    def storage(self, compensator_bits: int | None = COMPENSATOR_BITS) -> BitsBreakdown:
+        """Storage of every stored parameter of the experts: MXFP4 codes and E8M0 scales (4.25 bits/weight)
+        plus the active compensator factors at ``compensator_bits`` each (BF16 by default; counted in
+        ``payload_bits``). ``compensator_bits=None`` gives the MXFP4 part alone.
+
+        .. code-block:: python
+
+            experts.storage().bits_per_weight        # 4.25 + 16 * Σ r_e (out + in) / #weights
+        """
         total = BitsBreakdown(0, 0, 0)
         for proj in PROJECTIONS:
             e, out_f, in_f = getattr(self.base, proj).shape
             total = total + mxfp4_bits(e * out_f, in_f, self.block_size)
-        return total
+        if compensator_bits is None:
+            return total
+        return total + BitsBreakdown(0, self.trainable_parameters() * int(compensator_bits), 0)
 
     def extra_repr(self) -> str:
         return f"experts={self.num_experts}, block_size={self.block_size}, ranks={self.ranks}"
@@ -185,7 +207,7 @@ def moe_experts(model: nn.Module) -> dict[str, MXFP4Experts]:
 
 
 def apply_moe_quant(model: nn.Module, ranks: dict[str, list[list[int]]] | None = None,
-                    block_size: int = MX_BLOCK, init: str = "svd") -> nn.Module:
+                    block_size: int = MX_BLOCK, init: str = "svd", seed: int = 0) -> nn.Module:
     """Replace every MoE block's experts with :class:`MXFP4Experts` (idempotent; recorded for reload).
 
     Args:
@@ -193,7 +215,8 @@ def apply_moe_quant(model: nn.Module, ranks: dict[str, list[list[int]]] | None =
         ranks: ``block name -> [[gate_up ranks], [down ranks]]``; missing blocks / ``None`` get no
             compensator (plain RTN-MXFP4 fake quantization).
         block_size: MX block size.
-        init: compensator initialisation (``"svd"`` or ``"zeros"``).
+        init: compensator initialisation (``"svd"``, ``"zeros"`` or ``"random"``, see :class:`MXFP4Experts`).
+        seed: random source of ``init="random"``.
 
     .. code-block:: python
 
@@ -208,9 +231,9 @@ def apply_moe_quant(model: nn.Module, ranks: dict[str, list[list[int]]] | None =
     for name, block in blocks:
         if isinstance(block.experts, MXFP4Experts) or is_replaced(block.experts):
             continue
-        block.experts = mark_replaced(MXFP4Experts(block.experts, ranks.get(name), block_size, init), METHOD)
+        block.experts = mark_replaced(MXFP4Experts(block.experts, ranks.get(name), block_size, init, seed), METHOD)
     record_surgery(model, METHOD, apply_moe_quant, {"ranks": {k: [list(r) for r in v] for k, v in ranks.items()},
-                                                    "block_size": block_size, "init": init})
+                                                    "block_size": block_size, "init": init, "seed": seed})
     return model
 
 

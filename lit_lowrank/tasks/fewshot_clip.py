@@ -32,6 +32,7 @@ from lit_lowrank.models.dual_encoder import (
     ImageTower,
     adapters_disabled,
     build_dual_encoder,
+    crop_embeddings,
     frozen_graph_inputs,
 )
 from lit_lowrank.ops.sd_lora import search_tip_hparams, tip_adapter_logits
@@ -223,11 +224,18 @@ class FewShotCLIPModule(TaskModule):
         embeddings are computed once and reused (the prompts and the frozen text tower never change).
         """
         if not frozen:
-            return frozen_graph_inputs(self.encoder, x, **self.prompt_tokens(), crops=crops, frozen=False)
+            with torch.no_grad():
+                text = self.text_features()
+            return frozen_graph_inputs(self.encoder, x, crops=crops, frozen=False, text=text)
         if self._frozen_text is None or self._frozen_text.device != x.device:
             with torch.no_grad(), adapters_disabled(self.encoder):
                 self._frozen_text = self.encoder.encode_text(**self.prompt_tokens())
         return frozen_graph_inputs(self.encoder, x, crops=crops, text=self._frozen_text)
+
+    def crop_embeddings(self, x: Tensor, crops: int = 4, frozen: bool = True) -> Tensor:
+        """``(B, K, D)`` embeddings of each image's crops, no gradient (SD-LoRA's local nodes; ``frozen`` bypasses
+        LoRA)."""
+        return crop_embeddings(self.encoder, x, crops, frozen)
 
     def step(self, batch: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(batch, dict) or "x" not in batch or "y" not in batch:

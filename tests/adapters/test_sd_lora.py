@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import lightning.pytorch as pl
 import pytest
 import torch
 
-from lit_lowrank.adapters.sd_lora import SDLoRA
+from lit_lowrank.adapters.sd_lora import SDLoRA, target_entropy
 from lit_lowrank.datamodules.fewshot import FewShotDigitsDataModule, collect
 from lit_lowrank.ops.macs import count_macs
 from lit_lowrank.tasks.fewshot_clip import FewShotCLIPModule
@@ -81,6 +83,73 @@ def test_callback_rejects_a_module_without_the_protocol(one_thread, tmp_path):
         trainer.fit(PlainUserClassifier(), datamodule=FewShotDigitsDataModule(shots=1))
 
 
+def _module_and_batch(seed=0):
+    torch.manual_seed(seed)
+    module = FewShotCLIPModule(encoder=tiny_encoder(), class_names=NAMES, template="a photo of the digit {}.")
+    dm = FewShotDigitsDataModule(shots=2, seed=seed, repeats=1, batch_size=10, max_shift=0)
+    dm.setup("fit")
+    return module.train(), next(iter(dm.support_dataloader()))
+
+
+def _sd_lora_gradients(teacher_inputs):
+    """LoRA gradients of the SD-LoRA terms alone (CE excluded), only the teacher's cross-entropy switched on."""
+    module, batch = _module_and_batch()
+    callback = SDLoRA(lambda_teacher=1.0, lambda_relation=0.0, lambda_ppa=0.0, teacher_inputs=teacher_inputs)
+    callback.setup(None, module, "fit")
+    callback.warmed_up = True
+    outputs = module.step(batch)
+    extra = callback.on_loss(None, module, batch, outputs, torch.zeros(()))
+    extra.backward()
+    lora = {n: p.grad for n, p in module.named_parameters() if "lora_" in n}
+    teacher = [p.grad for p in callback.teacher.parameters()]
+    return lora, teacher
+
+
+def test_teacher_gradients_reach_the_shared_lora_only_from_the_adapted_towers(one_thread):
+    lora, teacher = _sd_lora_gradients("adapted")
+    # lora_B starts at zero, so the first gradient shows on B (dL/dB = g · (A x)ᵀ), in both towers
+    image_b = [g for n, g in lora.items() if "vision_model" in n and "lora_B" in n]
+    text_b = [g for n, g in lora.items() if "text_model" in n and "lora_B" in n]
+    assert image_b and text_b
+    assert all(g is not None for g in image_b + text_b)
+    assert sum(float(g.abs().sum()) for g in image_b) > 0 and sum(float(g.abs().sum()) for g in text_b) > 0
+    assert any(g is not None and float(g.abs().sum()) > 0 for g in teacher)  # the same loss trains the teacher
+    lora_frozen, teacher_frozen = _sd_lora_gradients("frozen")
+    assert all(g is None or float(g.abs().sum()) == 0 for g in lora_frozen.values())
+    assert any(g is not None and float(g.abs().sum()) > 0 for g in teacher_frozen)
+
+
+def test_one_logit_scale_and_a_soft_ppa_target(one_thread):
+    """The teacher returns cosines; its CE applies exp(logit_scale) once; PPA's target stays soft."""
+    module, batch = _module_and_batch()
+    callback = SDLoRA(teacher_warmup_steps=0)
+    callback.setup(None, module, "fit")
+    outputs = module.step(batch)
+    teacher = callback._teacher_forward(callback._step_inputs(module, batch["x"], outputs))
+    cos = teacher["cosines"]
+    assert cos.abs().max() <= 1 + 1e-5
+    torch.testing.assert_close(callback.teacher.logits(cos), callback.teacher.logit_scale.exp() * cos)
+    # entropy of softmax(cos / tau): bounded by log C, and far from the one-hot collapse of a double scale
+    # (exp(2.7) * cos / 0.1 gave ~1e-4 nats on the embedded task)
+    h = float(target_entropy(cos, tau=0.1))
+    assert 0.05 < h <= math.log(len(NAMES)) + 1e-6
+    doubled = float(target_entropy(callback.teacher.logits(callback.teacher.logits(cos)), tau=0.1))
+    assert doubled < h
+    # a confident teacher keeps a soft target: cosines 0.9 vs 0.5 at tau = 0.1 are logits 9 vs 5
+    confident = torch.tensor([[0.9, 0.5, 0.5, 0.5, 0.5]])
+    top = math.exp(4) / (math.exp(4) + 4)
+    rest = (1 - top) / 4
+    expected = -(top * math.log(top) + 4 * rest * math.log(rest))  # 0.344 nats
+    assert float(target_entropy(confident, 0.1)) == pytest.approx(expected, rel=1e-5)
+
+
+def test_fit_logs_a_ppa_target_entropy_in_range(one_thread):
+    callback = SDLoRA(teacher_warmup_steps=5, lambda_relation=0.1, lambda_ppa=0.5)
+    _, _, trainer = _fit([callback], steps=3)
+    h = float(trainer.callback_metrics["method/sd_lora/ppa_target_entropy"])
+    assert 0.05 < h <= math.log(len(NAMES)) + 1e-6
+
+
 def test_parameter_errors():
     with pytest.raises(ValueError, match="lambda_ppa"):
         SDLoRA(lambda_ppa=-1)
@@ -88,3 +157,7 @@ def test_parameter_errors():
         SDLoRA(teacher_inputs="student")
     with pytest.raises(ValueError, match="crops"):
         SDLoRA(crops=3)
+    with pytest.raises(ValueError, match="graph_structure"):
+        SDLoRA(graph_structure="random")
+    with pytest.raises(ValueError, match="lambda_teacher"):
+        SDLoRA(lambda_teacher=-0.5)

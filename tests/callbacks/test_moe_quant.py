@@ -66,3 +66,33 @@ def test_replay_decisions_follow_the_schedule_and_are_seeded():
         RoutingReplay(replay_start=1.5)
     with pytest.raises(ValueError, match="allocation"):
         MoEQuantQAT(allocation="random")
+
+
+def test_shuffled_route_control_replays_a_permutation_of_the_fp_routes():
+    """The control keeps each layer's expert loads and breaks the token-to-expert pairs."""
+    torch.manual_seed(0)
+    seen = {}
+
+    class Spy(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            seen[batch_idx] = {i: [c.clone() for c in calls] for i, calls in replay.controller.routes.items()}
+
+    replay = RoutingReplay(replay_start=1.0, replay_end=1.0, schedule="constant", route_source="shuffled")
+    fp = RoutingReplay(replay_start=1.0, replay_end=1.0, schedule="constant")
+    _fit([MoEQuantQAT(avg_rank=2, calibration_batches=1), replay, Spy()], steps=1)
+    shuffled = seen[0]
+    recorded = {}
+
+    class Spy2(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            recorded.update({i: [c.clone() for c in calls] for i, calls in fp.controller.routes.items()})
+
+    _fit([MoEQuantQAT(avg_rank=2, calibration_batches=1), fp, Spy2()], steps=1)
+    changed = False
+    for i, calls in recorded.items():
+        for a, b in zip(calls, shuffled[i]):
+            assert torch.equal(torch.bincount(a.flatten(), minlength=8), torch.bincount(b.flatten(), minlength=8))
+            changed |= not torch.equal(a, b)
+    assert changed
+    with pytest.raises(ValueError, match="route_source"):
+        RoutingReplay(route_source="random")

@@ -159,3 +159,24 @@ def test_tip_search_and_finetune_improve_support_fit():
     after = F.cross_entropy(tip_adapter_logits(f, wc, tuned, values, alpha, beta, 10.0), y)
     assert after < before
     torch.testing.assert_close(tuned.norm(dim=-1), torch.ones(9))
+
+
+def test_shuffled_graph_keeps_the_edge_counts_and_drops_the_structure():
+    b, p, k, c, pk = 3, 16, 4, 5, 3
+    patches, glob, local, text = _inputs(b, p, k, c)
+    mask = quadrant_crop_mask(4)
+    knn = build_hetero_graph(patches, glob, local, text, mask, patch_k=pk)
+    shuffled = build_hetero_graph(patches, glob, local, text, mask, patch_k=pk, structure="shuffled",
+                                  generator=torch.Generator().manual_seed(0))
+    assert shuffled.edge_counts() == knn.edge_counts()
+    pp = EDGE_TYPES.index("patch-patch")
+    assert not torch.equal(shuffled.edge_type[:, :p, :p] == pp, knn.edge_type[:, :p, :p] == pp)
+    assert ((shuffled.edge_type[:, :p, :p] == pp).sum(-1) == pk).all()  # still k neighbours, never itself
+    assert not (shuffled.edge_type[:, :p, :p].diagonal(dim1=1, dim2=2) == pp).any()
+    lp = shuffled.edge_type[:, p + 1:p + 1 + k, :p] == EDGE_TYPES.index("local-patch")
+    assert (lp.sum(-1) == mask.sum(-1)).all() and not torch.equal(lp, mask.expand_as(lp))
+    again = build_hetero_graph(patches, glob, local, text, mask, patch_k=pk, structure="shuffled",
+                               generator=torch.Generator().manual_seed(0))
+    assert torch.equal(again.edge_type, shuffled.edge_type)  # seeded
+    with pytest.raises(ValueError, match="structure"):
+        build_hetero_graph(patches, glob, local, text, mask, structure="random")

@@ -152,7 +152,11 @@ def test_apply_is_idempotent_and_only_compensators_train():
     assert isinstance(experts, MXFP4Experts)
     assert not experts.base.gate_up_proj.requires_grad and experts.lora_A_gate_up_proj.requires_grad
     assert experts.trainable_parameters() == 8 * 2 * (128 + 64) + 8 * 1 * (64 + 64)
-    assert experts.storage().bits_per_weight == 4.25
+    # every stored parameter: 4.25 bits per expert weight + the compensator factors in BF16
+    weights = 8 * (128 * 64 + 64 * 64)
+    assert experts.storage(compensator_bits=None).bits_per_weight == 4.25
+    assert experts.storage().bits_per_weight == pytest.approx(4.25 + 16 * experts.trainable_parameters() / weights)
+    assert experts.storage().num_weights == weights
     with pytest.raises(ValueError, match="not MoE blocks"):
         apply_moe_quant(tiny_moe("olmoe"), ranks={"model.layers.9.mlp": [[1] * 8, [1] * 8]})
 
@@ -219,3 +223,42 @@ def test_packed_mxfp4_linear_matches_fake_quant_and_counts_4_25_bits():
     torch.testing.assert_close(layer(x), x @ mxfp4_quantize(linear.weight.detach()).T + linear.bias.detach())
     assert layer.storage().bits_per_weight == 4.25
     assert abs(buffer_bytes(layer) * 8 / (96 * 40) - 4.25) < 0.05  # padding only
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_load_aware_ranks_never_leave_more_weighted_residual_than_uniform(seed):
+    """Greedy allocation is optimal for the load-weighted residual energy: a test, not a benchmark claim."""
+    model = tiny_moe("qwen3_moe", seed=seed)
+    spectra = expert_residual_spectra(model)
+    torch.manual_seed(seed)  # the Dirichlet draws
+    for concentration in (0.3, 1.0, 10.0):
+        loads = {name: torch.distributions.Dirichlet(torch.full((8,), concentration)).sample()
+                 for name in spectra}
+        for avg_rank in (1, 4):
+            ranks = allocate_expert_ranks(spectra, loads, avg_rank)
+            uniform = allocate_expert_ranks(spectra, loads, avg_rank, allocation="uniform")
+            total = lambda r: sum(sum(x) for v in r.values() for x in v)  # noqa: E731
+            assert total(ranks) == total(uniform)
+            assert load_weighted_residual(spectra, loads, ranks) <= load_weighted_residual(spectra, loads, uniform) + 1e-12
+
+
+def test_random_subspace_compensators_keep_ranks_and_leave_more_residual():
+    model = tiny_moe("qwen3_moe")
+    ranks = {name: [[3] * 8, [2] * 8] for name, _ in find_moe_blocks(model)}
+    svd = apply_moe_quant(tiny_moe("qwen3_moe"), ranks=ranks)
+    rnd = apply_moe_quant(model, ranks=ranks, init="random", seed=1)
+    loads = {name: torch.full((8,), 1 / 8) for name in ranks}
+    for name, e in moe_experts(rnd).items():
+        assert e.ranks == moe_experts(svd)[name].ranks
+        assert e.trainable_parameters() == moe_experts(svd)[name].trainable_parameters()
+        w = e.base.gate_up_proj.detach()[0]
+        residual = w - mxfp4_quantize(w)
+        a = e.lora_A_gate_up_proj.detach()[0, :3]  # orthonormal rows: the correction is R V Vᵀ
+        torch.testing.assert_close(a @ a.T, torch.eye(3), atol=1e-5, rtol=0)
+        torch.testing.assert_close(e.correction("gate_up_proj").detach()[0], residual @ a.T @ a, atol=1e-5, rtol=1e-4)
+    assert 0 < load_weighted_error(svd, loads) < load_weighted_error(rnd, loads) < 1
+    again = apply_moe_quant(tiny_moe("qwen3_moe"), ranks=ranks, init="random", seed=1)
+    for (n1, p1), (n2, p2) in zip(rnd.named_parameters(), again.named_parameters()):
+        assert torch.equal(p1, p2), n1  # seeded
+    with pytest.raises(ValueError, match="init"):
+        apply_moe_quant(tiny_moe("qwen3_moe"), init="orthogonal")
