@@ -108,6 +108,65 @@ def _validate(method: str, rank: int, alpha: float | None, dropout: float) -> No
         raise ValueError(f"`dropout`={dropout!r}: expected a probability in [0, 1).")
 
 
+#: Arguments the injector passes itself (never ``method_kwargs``) and PEFT's layer bookkeeping.
+_OWN_ARGS = frozenset({"self", "base_layer", "adapter_name", "config", "r", "lora_alpha", "lora_dropout"})
+_BUILTIN_OWN = {"lora": {"r", "lora_alpha", "lora_dropout", "target_modules", "use_dora"},
+                "dora": {"r", "lora_alpha", "lora_dropout", "target_modules", "use_dora"},
+                "lokr": {"r", "alpha", "rank_dropout", "target_modules"}}
+#: Arguments users pass to the injector that belong to another component of the method.
+_MISPLACED = {"polar": {"lam": "PoLARLanding(lam=...)", "safe_radius": "PoLARLanding(safe_radius=...)"}}
+
+
+def method_kwarg_names(method: str) -> list[str]:
+    """The method's own arguments that ``inject_adapters(..., **method_kwargs)`` accepts (sorted).
+
+    Built-ins: the fields of PEFT's ``LoraConfig`` / ``LoKrConfig`` not set by the injector itself; variants: the
+    keyword arguments of the layer's constructor besides PEFT's (``r``, ``lora_alpha``, ``lora_dropout``, ...).
+
+    .. code-block:: python
+
+        method_kwarg_names("sds_lora")   # ['basis', 'rank_tol']
+    """
+    import dataclasses
+    import inspect
+
+    if method in BUILTIN_METHODS:
+        from peft import LoKrConfig, LoraConfig
+
+        cls = LoKrConfig if method == "lokr" else LoraConfig
+        own = _BUILTIN_OWN[method] | {"task_type", "peft_type", "auto_mapping", "peft_version", "inference_mode",
+                                      "base_model_name_or_path", "revision"}
+        return sorted(f.name for f in dataclasses.fields(cls) if f.name not in own)
+    names: list[str] = []
+    for klass in get_variant(method).__mro__:  # a subclass may forward **kwargs to its parent's named arguments
+        init = klass.__dict__.get("__init__")
+        if init is None or klass.__module__.startswith(("peft.", "torch.")):
+            continue
+        for param in inspect.signature(init).parameters.values():
+            if param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY) and param.name not in _OWN_ARGS:
+                names.append(param.name)
+        if not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(init).parameters.values()):
+            break
+    return sorted(set(names))
+
+
+def check_method_kwargs(method: str, method_kwargs: dict[str, Any]) -> None:
+    """Raise a ``TypeError`` naming every unknown method argument and the accepted ones.
+
+    PEFT's layers take ``**kwargs`` and would otherwise drop a misspelled argument (``basiss="qr"``) silently.
+    """
+    accepted = method_kwarg_names(method)
+    unknown = sorted(k for k in method_kwargs if k not in accepted)
+    if not unknown:
+        return
+    hints = [f"`{k}` belongs to {_MISPLACED[method][k]}" for k in unknown if k in _MISPLACED.get(method, {})]
+    raise TypeError(
+        f"Unknown argument(s) {unknown} for adapter method {method!r}; it accepts {accepted or 'no own arguments'} "
+        f"besides rank, alpha, dropout, target_modules, train_bias, modules_to_save and adapter_name."
+        + (" " + "; ".join(hints) + "." if hints else "")
+    )
+
+
 def peft_config_for(
     method: str,
     target_modules: str | list[str],
@@ -129,6 +188,7 @@ def peft_config_for(
     """
     from peft import LoKrConfig, LoraConfig
 
+    check_method_kwargs(method, method_kwargs)
     alpha = rank if alpha is None else alpha
     if method == "lokr":
         # LoKr has no input dropout: ``dropout`` maps to its rank dropout (dropped rows of the update).
@@ -194,6 +254,7 @@ def inject_adapters(
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     _validate(method, rank, alpha, dropout)
+    check_method_kwargs(method, method_kwargs)
     if target_modules is None or (not isinstance(target_modules, str) and len(target_modules) == 0):
         raise ValueError("`target_modules` is required: a regex or a list of module names to adapt.")
     target = target_modules if isinstance(target_modules, str) else list(target_modules)
@@ -204,7 +265,8 @@ def inject_adapters(
         if isinstance(module, BaseTunerLayer):
             carried = _tuner_adapters(module)
             if adapter_name in carried:
-                continue  # already injected: idempotence
+                _check_same_settings(name, module, adapter_name, method, rank, alpha, method_kwargs)
+                continue  # already injected with the same settings: idempotence
             raise ValueError(
                 f"`target_modules`={target_modules!r} matches {name!r}, which already carries adapters "
                 f"{sorted(carried)}; inject_adapters does not stack a second adapter on one layer."
@@ -226,6 +288,7 @@ def inject_adapters(
             # tag for find_modules (its base layer is never matched again) and for the diagnostics' method name
             mark_replaced(layer, method)
             layer.lit_lowrank_adapter_method = method
+            layer.lit_lowrank_adapter_settings = _settings(method, rank, alpha, method_kwargs)
     _set_trainable(model, target, adapter_name, train_bias, modules_to_save)
     if not fresh and _inject_records(model, adapter_name):
         return model  # a repeated application: the first record already rebuilds this structure
@@ -237,6 +300,27 @@ def inject_adapters(
         **method_kwargs,
     })
     return model
+
+
+def _settings(method: str, rank: int, alpha: float | None, method_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What makes two injections the same adapter (compared on re-injection)."""
+    return {"method": method, "rank": rank, "alpha": rank if alpha is None else alpha, **method_kwargs}
+
+
+def _check_same_settings(name: str, layer: nn.Module, adapter_name: str, method: str, rank: int,
+                         alpha: float | None, method_kwargs: dict[str, Any]) -> None:
+    """Re-injecting ``adapter_name`` is idempotent only with the settings it was injected with (as SpecDrop)."""
+    wanted = _settings(method, rank, alpha, method_kwargs)
+    have = getattr(layer, "lit_lowrank_adapter_settings", None)
+    if have is None:  # injected by PEFT directly: compare what PEFT records
+        ranks = getattr(layer, "r", {})
+        have = {"rank": ranks.get(adapter_name)} if isinstance(ranks, dict) else {}
+        wanted = {k: wanted[k] for k in have}
+    if have != wanted:
+        raise ValueError(
+            f"`target_modules` layer {name!r} already carries adapter {adapter_name!r} injected with {have}; "
+            f"cannot re-inject it with {wanted}. Use another `adapter_name`, or build the model afresh."
+        )
 
 
 def _set_trainable(model: nn.Module, target: Any, adapter_name: str, train_bias: bool,
@@ -527,6 +611,7 @@ class AdapterInjector(pl.Callback):
         self.dropout, self.train_bias, self.modules_to_save = dropout, train_bias, modules_to_save
         self.adapter_name = adapter_name
         self.method_kwargs = {**(method_kwargs or {}), **kwargs}
+        check_method_kwargs(method, self.method_kwargs)
 
     @property
     def state_key(self) -> str:
