@@ -41,8 +41,8 @@ class Composition:
 def _stac_r_adapter(adapter: str, reverse: bool = False) -> Composition:
     first, second = (adapter, "stac_r") if reverse else ("stac_r", adapter)
     return Composition(first, second, "same", True,
-                       "STAC-R wraps the adapter's base Linear (`.base_layer`), which stays exact while frozen "
-                       "(it saves no input); the adapter branch's own saved input is not coded, so no memory is saved")
+                       "STAC-R wraps the adapter's frozen base Linear (`.base_layer`; exact, saves nothing there); "
+                       "the adapter branch's own saved input is not coded")
 
 
 COMPOSITIONS: tuple[Composition, ...] = (
@@ -71,4 +71,30 @@ def composition_markdown() -> str:
     lines = ["| first | then | layer | stacks | what happens |", "|---|---|---|---|---|"]
     for c in COMPOSITIONS:
         lines.append(f"| {c.first} | {c.second} | {c.layer} | {'yes' if c.stacks else 'no (error)'} | {c.note} |")
+    return "\n".join(lines)
+
+
+def _resume(kind: str, stateful: bool, structural: bool) -> str:
+    """How a checkpoint brings the method back (what the contract suite checks)."""
+    if kind not in ("callback", "mixin", "adapter"):
+        return "n/a (not a fit-time method)"
+    parts = (["state round-trip"] if stateful else []) + (["structure rebuilt"] if structural else [])
+    return ", ".join(parts) + " (tested)" if parts else "stateless"
+
+
+def capabilities_markdown() -> str:
+    """The README's methods × (DDP, FSDP, checkpoint resume, stacks with) table, from the registry.
+
+    DDP: "yes (tested)" for a method that declares it (the contract suite runs a 2-process CPU DDP fit);
+    FSDP: no method is run under FSDP by the suite, so every row says "untested"; stacks with: the rows of
+    :data:`COMPOSITIONS` that stack.
+    """
+    from lit_lowrank.core.registry import implemented_methods
+
+    lines = ["| method | kind | DDP | FSDP | checkpoint resume | stacks with (tested) |", "|---|---|---|---|---|---|"]
+    for m in implemented_methods():
+        ddp = "yes (tested)" if m.ddp else "untested"
+        stacks = ", ".join(stacks_with(m.name)) or "–"
+        lines.append(f"| {m.name} | {m.kind} | {ddp} | untested | {_resume(m.kind, m.stateful, m.structural)} "
+                     f"| {stacks} |")
     return "\n".join(lines)
