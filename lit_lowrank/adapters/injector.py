@@ -436,7 +436,49 @@ def write_variant_info(folder: str | Path, method: str, method_kwargs: dict[str,
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"method": method, "method_kwargs": dict(method_kwargs or {}), **inject_kwargs},
                                indent=2, sort_keys=True))
+    _mark_not_plain_lora(Path(folder), method)
     return path
+
+
+#: ``init_lora_weights`` written into the ``adapter_config.json`` of a variant whose weights are not LoRA's.
+_VARIANT_MARK = "lit_lowrank:{method}"
+_VARIANT_MARK_TEXT = (" is a {method} adapter, not LoRA: plain PeftModel.from_pretrained would build LoRA layers and "
+                      "ignore its weights. Load it with lit_lowrank.adapters.load_peft_model(base_model, folder)")
+
+
+def _weights_are_loras(method: str) -> bool:
+    """Whether ``method``'s saved weights *are* LoRA's (``lora_A`` / ``lora_B``, LoRA's forward for inference)."""
+    if method in BUILTIN_METHODS:
+        return True
+    from peft.tuners.lora.layer import Linear as LoraLinear
+
+    return issubclass(get_variant(method), LoraLinear)
+
+
+def _mark_not_plain_lora(folder: Path, method: str) -> None:
+    """Make plain ``PeftModel.from_pretrained`` fail loudly on a variant folder whose weights are not LoRA's.
+
+    PEFT keeps the custom-module mapping on the config object, not in ``adapter_config.json``, so plain PEFT builds
+    LoRA layers, warns about missing keys, and returns the base model's outputs (issue #29). Writing an
+    ``init_lora_weights`` PEFT does not know makes its layer constructor raise ``ValueError: Unknown initialization
+    init_lora_weights='lit_lowrank:sama ... load_peft_model ...'``; :func:`load_peft_model` reads the mark back.
+    SDS-LoRA's weights are LoRA's (same forward), so its folders stay loadable as plain LoRA for inference.
+    """
+    config_path = folder / "adapter_config.json"
+    if _weights_are_loras(method) or not config_path.is_file():
+        return
+    config = json.loads(config_path.read_text())
+    mark = _VARIANT_MARK.format(method=method)
+    config["init_lora_weights"] = mark + _VARIANT_MARK_TEXT.format(method=method)
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
+
+
+def _marked_method(config: Any) -> str | None:
+    """The variant named by :func:`_mark_not_plain_lora` in a loaded PEFT config (``None`` when unmarked)."""
+    init = getattr(config, "init_lora_weights", None)
+    if isinstance(init, str) and init.startswith("lit_lowrank:"):
+        return init[len("lit_lowrank:"):].split(" ", 1)[0]
+    return None
 
 
 def read_variant_info(folder: str | Path) -> dict[str, Any]:
@@ -555,9 +597,12 @@ def load_peft_model(base_model: nn.Module, folder: str | Path, method: str | Non
     from peft import PeftConfig, PeftModel
 
     info = read_variant_info(folder)
-    method = method or info.get("method")
-    kwargs = {**info.get("method_kwargs", {}), **method_kwargs}
     config = PeftConfig.from_pretrained(str(folder))
+    marked = _marked_method(config)
+    if marked is not None:
+        config.init_lora_weights = True  # the variant layer initialises itself; the weights are loaded next
+    method = method or info.get("method") or marked
+    kwargs = {**info.get("method_kwargs", {}), **method_kwargs}
     _load_extra(base_model, Path(folder))
     if method is not None and method not in BUILTIN_METHODS:
         layer_cls = get_variant(method)
