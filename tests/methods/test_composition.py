@@ -146,3 +146,13 @@ def test_pair_that_cannot_stack_refuses_clearly(row):
     APPLY[row.first](model, "2")
     with pytest.raises(ValueError, match=r"'2' is a \w+ made by '\w+'.*(cannot stack|cannot branch)"):
         APPLY[row.second](model, "2")
+
+
+def test_stac_r_error_suggests_the_adapter_layer_not_its_hidden_base():
+    """Issue #29: the error once suggested `.base_layer`, the very name the search then excluded."""
+    model = inject_adapters(Net().net, method="lora", target_modules=["2"], rank=2)
+    with pytest.raises(ValueError, match=r"among: '0', '2', '4'\.") as err:
+        apply_stac_r(model, target=["2.base_layer"], rank=4)
+    assert "base_layer" not in str(err.value).split("among:")[1]
+    layers = apply_stac_r(model, target=["2"], rank=4)
+    assert isinstance(model[2].base_layer, STACRLinear) and layers["2"] is model[2].base_layer
