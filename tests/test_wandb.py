@@ -37,11 +37,26 @@ def _records(run_file: Path):
             yield record
 
 
+def _finished_records(run_file: Path, timeout_s: float = 120.0) -> list:
+    """The run file's records once wandb has written its final ``exit`` record (polled: wandb-core writes the file
+    from its own process, so a read right after ``finish()`` returned could see it before the last flush)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = list(_records(run_file))
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.5)
+
+
 def _read_offline_run(run_file: Path) -> tuple[dict, list[dict]]:
-    """(config, history rows) from an offline run file."""
+    """(config, history rows) from a finished offline run file."""
     config: dict = {}
     history: list[dict] = []
-    for record in _records(run_file):
+    records = _finished_records(run_file)
+    assert any(r.WhichOneof("record_type") == "exit" for r in records), "the offline run never finished"
+    for record in records:
         kind = record.WhichOneof("record_type")
         # the config arrives as its own record or, when it was set before the run record was written, inside it
         if kind == "config":
@@ -58,7 +73,7 @@ def _read_offline_run(run_file: Path) -> tuple[dict, list[dict]]:
 def test_wandb_offline_run_has_metrics_and_config(repo_root, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    LitLowRankCLI(args=[
+    cli = LitLowRankCLI(args=[
         "fit", "--config", str(repo_root / "configs/quickstart.yaml"),
         "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "4", "--trainer.limit_val_batches", "2",
         "--trainer.log_every_n_steps", "1", "--trainer.default_root_dir", str(tmp_path),
@@ -66,9 +81,8 @@ def test_wandb_offline_run_has_metrics_and_config(repo_root, tmp_path, monkeypat
         "--trainer.logger.init_args.project", "lit_lowrank_test",
         "--trainer.logger.init_args.save_dir", str(tmp_path),
     ])
-    import wandb
-
-    wandb.finish()
+    # finish *this* run (not whatever wandb.run is after earlier tests): it flushes and closes the run file
+    cli.trainer.logger.experiment.finish()
     runs = list(tmp_path.rglob("offline-run-*/run-*.wandb"))
     assert len(runs) == 1, runs
     config, history = _read_offline_run(runs[0])

@@ -15,7 +15,7 @@ from lit_lowrank.adapters.injector import (
     save_adapters,
     write_variant_info,
 )
-from lit_lowrank.adapters.polar import PoLARLinear, polar_delta_stable_rank, polar_layers
+from lit_lowrank.adapters.polar import PoLARLandingWarning, PoLARLinear, polar_delta_stable_rank, polar_layers
 from lit_lowrank.adapters.polar_landing import PoLARLanding, apply_landing_, polar_diagnostics, stiefel_factors
 from lit_lowrank.adapters.polar_vbll import AlternatingSchedule, PoLARVBLL, apply_polar_vbll
 from lit_lowrank.adapters.sama import SaMALinear
@@ -25,7 +25,7 @@ from lit_lowrank.adapters.variants import available_variants, get_variant, regis
 
 __all__ = [
     "PoLARLanding", "PoLARLinear", "apply_landing_", "polar_delta_stable_rank", "polar_diagnostics", "polar_layers",
-    "stiefel_factors",
+    "stiefel_factors", "PoLARLandingWarning",
     "AlternatingSchedule", "PoLARVBLL", "apply_polar_vbll",
     "AdapterDiagnostics", "AdapterInjector", "SaMALinear", "SDLoRA", "SDSLoraLinear", "adapter_layers", "adapter_method",
     "available_variants", "get_variant", "inject_adapters",

@@ -108,6 +108,65 @@ def _validate(method: str, rank: int, alpha: float | None, dropout: float) -> No
         raise ValueError(f"`dropout`={dropout!r}: expected a probability in [0, 1).")
 
 
+#: Arguments the injector passes itself (never ``method_kwargs``) and PEFT's layer bookkeeping.
+_OWN_ARGS = frozenset({"self", "base_layer", "adapter_name", "config", "r", "lora_alpha", "lora_dropout"})
+_BUILTIN_OWN = {"lora": {"r", "lora_alpha", "lora_dropout", "target_modules", "use_dora"},
+                "dora": {"r", "lora_alpha", "lora_dropout", "target_modules", "use_dora"},
+                "lokr": {"r", "alpha", "rank_dropout", "target_modules"}}
+#: Arguments users pass to the injector that belong to another component of the method.
+_MISPLACED = {"polar": {"lam": "PoLARLanding(lam=...)", "safe_radius": "PoLARLanding(safe_radius=...)"}}
+
+
+def method_kwarg_names(method: str) -> list[str]:
+    """The method's own arguments that ``inject_adapters(..., **method_kwargs)`` accepts (sorted).
+
+    Built-ins: the fields of PEFT's ``LoraConfig`` / ``LoKrConfig`` not set by the injector itself; variants: the
+    keyword arguments of the layer's constructor besides PEFT's (``r``, ``lora_alpha``, ``lora_dropout``, ...).
+
+    .. code-block:: python
+
+        method_kwarg_names("sds_lora")   # ['basis', 'rank_tol']
+    """
+    import dataclasses
+    import inspect
+
+    if method in BUILTIN_METHODS:
+        from peft import LoKrConfig, LoraConfig
+
+        cls = LoKrConfig if method == "lokr" else LoraConfig
+        own = _BUILTIN_OWN[method] | {"task_type", "peft_type", "auto_mapping", "peft_version", "inference_mode",
+                                      "base_model_name_or_path", "revision"}
+        return sorted(f.name for f in dataclasses.fields(cls) if f.name not in own)
+    names: list[str] = []
+    for klass in get_variant(method).__mro__:  # a subclass may forward **kwargs to its parent's named arguments
+        init = klass.__dict__.get("__init__")
+        if init is None or klass.__module__.startswith(("peft.", "torch.")):
+            continue
+        for param in inspect.signature(init).parameters.values():
+            if param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY) and param.name not in _OWN_ARGS:
+                names.append(param.name)
+        if not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(init).parameters.values()):
+            break
+    return sorted(set(names))
+
+
+def check_method_kwargs(method: str, method_kwargs: dict[str, Any]) -> None:
+    """Raise a ``TypeError`` naming every unknown method argument and the accepted ones.
+
+    PEFT's layers take ``**kwargs`` and would otherwise drop a misspelled argument (``basiss="qr"``) silently.
+    """
+    accepted = method_kwarg_names(method)
+    unknown = sorted(k for k in method_kwargs if k not in accepted)
+    if not unknown:
+        return
+    hints = [f"`{k}` belongs to {_MISPLACED[method][k]}" for k in unknown if k in _MISPLACED.get(method, {})]
+    raise TypeError(
+        f"Unknown argument(s) {unknown} for adapter method {method!r}; it accepts {accepted or 'no own arguments'} "
+        f"besides rank, alpha, dropout, target_modules, train_bias, modules_to_save and adapter_name."
+        + (" " + "; ".join(hints) + "." if hints else "")
+    )
+
+
 def peft_config_for(
     method: str,
     target_modules: str | list[str],
@@ -129,6 +188,7 @@ def peft_config_for(
     """
     from peft import LoKrConfig, LoraConfig
 
+    check_method_kwargs(method, method_kwargs)
     alpha = rank if alpha is None else alpha
     if method == "lokr":
         # LoKr has no input dropout: ``dropout`` maps to its rank dropout (dropped rows of the update).
@@ -194,6 +254,7 @@ def inject_adapters(
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     _validate(method, rank, alpha, dropout)
+    check_method_kwargs(method, method_kwargs)
     if target_modules is None or (not isinstance(target_modules, str) and len(target_modules) == 0):
         raise ValueError("`target_modules` is required: a regex or a list of module names to adapt.")
     target = target_modules if isinstance(target_modules, str) else list(target_modules)
@@ -204,7 +265,8 @@ def inject_adapters(
         if isinstance(module, BaseTunerLayer):
             carried = _tuner_adapters(module)
             if adapter_name in carried:
-                continue  # already injected: idempotence
+                _check_same_settings(name, module, adapter_name, method, rank, alpha, method_kwargs)
+                continue  # already injected with the same settings: idempotence
             raise ValueError(
                 f"`target_modules`={target_modules!r} matches {name!r}, which already carries adapters "
                 f"{sorted(carried)}; inject_adapters does not stack a second adapter on one layer."
@@ -226,6 +288,7 @@ def inject_adapters(
             # tag for find_modules (its base layer is never matched again) and for the diagnostics' method name
             mark_replaced(layer, method)
             layer.lit_lowrank_adapter_method = method
+            layer.lit_lowrank_adapter_settings = _settings(method, rank, alpha, method_kwargs)
     _set_trainable(model, target, adapter_name, train_bias, modules_to_save)
     if not fresh and _inject_records(model, adapter_name):
         return model  # a repeated application: the first record already rebuilds this structure
@@ -237,6 +300,27 @@ def inject_adapters(
         **method_kwargs,
     })
     return model
+
+
+def _settings(method: str, rank: int, alpha: float | None, method_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What makes two injections the same adapter (compared on re-injection)."""
+    return {"method": method, "rank": rank, "alpha": rank if alpha is None else alpha, **method_kwargs}
+
+
+def _check_same_settings(name: str, layer: nn.Module, adapter_name: str, method: str, rank: int,
+                         alpha: float | None, method_kwargs: dict[str, Any]) -> None:
+    """Re-injecting ``adapter_name`` is idempotent only with the settings it was injected with (as SpecDrop)."""
+    wanted = _settings(method, rank, alpha, method_kwargs)
+    have = getattr(layer, "lit_lowrank_adapter_settings", None)
+    if have is None:  # injected by PEFT directly: compare what PEFT records
+        ranks = getattr(layer, "r", {})
+        have = {"rank": ranks.get(adapter_name)} if isinstance(ranks, dict) else {}
+        wanted = {k: wanted[k] for k in have}
+    if have != wanted:
+        raise ValueError(
+            f"`target_modules` layer {name!r} already carries adapter {adapter_name!r} injected with {have}; "
+            f"cannot re-inject it with {wanted}. Use another `adapter_name`, or build the model afresh."
+        )
 
 
 def _set_trainable(model: nn.Module, target: Any, adapter_name: str, train_bias: bool,
@@ -352,7 +436,49 @@ def write_variant_info(folder: str | Path, method: str, method_kwargs: dict[str,
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"method": method, "method_kwargs": dict(method_kwargs or {}), **inject_kwargs},
                                indent=2, sort_keys=True))
+    _mark_not_plain_lora(Path(folder), method)
     return path
+
+
+#: ``init_lora_weights`` written into the ``adapter_config.json`` of a variant whose weights are not LoRA's.
+_VARIANT_MARK = "lit_lowrank:{method}"
+_VARIANT_MARK_TEXT = (" is a {method} adapter, not LoRA: plain PeftModel.from_pretrained would build LoRA layers and "
+                      "ignore its weights. Load it with lit_lowrank.adapters.load_peft_model(base_model, folder)")
+
+
+def _weights_are_loras(method: str) -> bool:
+    """Whether ``method``'s saved weights *are* LoRA's (``lora_A`` / ``lora_B``, LoRA's forward for inference)."""
+    if method in BUILTIN_METHODS:
+        return True
+    from peft.tuners.lora.layer import Linear as LoraLinear
+
+    return issubclass(get_variant(method), LoraLinear)
+
+
+def _mark_not_plain_lora(folder: Path, method: str) -> None:
+    """Make plain ``PeftModel.from_pretrained`` fail loudly on a variant folder whose weights are not LoRA's.
+
+    PEFT keeps the custom-module mapping on the config object, not in ``adapter_config.json``, so plain PEFT builds
+    LoRA layers, warns about missing keys, and returns the base model's outputs (issue #29). Writing an
+    ``init_lora_weights`` PEFT does not know makes its layer constructor raise ``ValueError: Unknown initialization
+    init_lora_weights='lit_lowrank:sama ... load_peft_model ...'``; :func:`load_peft_model` reads the mark back.
+    SDS-LoRA's weights are LoRA's (same forward), so its folders stay loadable as plain LoRA for inference.
+    """
+    config_path = folder / "adapter_config.json"
+    if _weights_are_loras(method) or not config_path.is_file():
+        return
+    config = json.loads(config_path.read_text())
+    mark = _VARIANT_MARK.format(method=method)
+    config["init_lora_weights"] = mark + _VARIANT_MARK_TEXT.format(method=method)
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
+
+
+def _marked_method(config: Any) -> str | None:
+    """The variant named by :func:`_mark_not_plain_lora` in a loaded PEFT config (``None`` when unmarked)."""
+    init = getattr(config, "init_lora_weights", None)
+    if isinstance(init, str) and init.startswith("lit_lowrank:"):
+        return init[len("lit_lowrank:"):].split(" ", 1)[0]
+    return None
 
 
 def read_variant_info(folder: str | Path) -> dict[str, Any]:
@@ -471,9 +597,12 @@ def load_peft_model(base_model: nn.Module, folder: str | Path, method: str | Non
     from peft import PeftConfig, PeftModel
 
     info = read_variant_info(folder)
-    method = method or info.get("method")
-    kwargs = {**info.get("method_kwargs", {}), **method_kwargs}
     config = PeftConfig.from_pretrained(str(folder))
+    marked = _marked_method(config)
+    if marked is not None:
+        config.init_lora_weights = True  # the variant layer initialises itself; the weights are loaded next
+    method = method or info.get("method") or marked
+    kwargs = {**info.get("method_kwargs", {}), **method_kwargs}
     _load_extra(base_model, Path(folder))
     if method is not None and method not in BUILTIN_METHODS:
         layer_cls = get_variant(method)
@@ -527,6 +656,7 @@ class AdapterInjector(pl.Callback):
         self.dropout, self.train_bias, self.modules_to_save = dropout, train_bias, modules_to_save
         self.adapter_name = adapter_name
         self.method_kwargs = {**(method_kwargs or {}), **kwargs}
+        check_method_kwargs(method, self.method_kwargs)
 
     @property
     def state_key(self) -> str:

@@ -15,6 +15,7 @@ trained with their plain Euclidean gradients and drift off the manifold (the "Po
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Iterator
 
 import torch
@@ -25,6 +26,19 @@ from torch import Tensor, nn
 from lit_lowrank.adapters.variant_layer import VariantLinear
 from lit_lowrank.adapters.variants import register_variant
 from lit_lowrank.ops.polar import polar_delta_weight, polar_init_, polar_stable_rank
+
+
+class PoLARLandingWarning(UserWarning):
+    """PoLAR factors were stepped by an optimizer without the landing step (they drift off the manifold)."""
+
+
+_NO_LANDING = (
+    "PoLAR adapters were updated by the optimizer without their landing step: X and Y leave the Stiefel manifold "
+    "(‖XᵀX − I‖_F grows without bound; 20.8 after 300 AdamW steps in issue #29) and the update is not PoLAR's. "
+    "Add `lit_lowrank.adapters.PoLARLanding(lam=...)` to the Trainer's callbacks, or call "
+    "`lit_lowrank.adapters.apply_landing_(model, lam)` between `loss.backward()` and `optimizer.step()`. "
+    "(For the no-landing ablation, filter lit_lowrank.adapters.polar.PoLARLandingWarning.)"
+)
 
 
 class PoLARLinear(VariantLinear):
@@ -125,9 +139,29 @@ class PoLARLinear(VariantLinear):
         delta = transpose(polar_delta_weight(x, theta, y, self.scaling[adapter]), self.fan_in_fan_out)
         return delta.to(self.lora_X[adapter].dtype)
 
+    #: landing steps applied to this layer (counted by :func:`~lit_lowrank.adapters.polar_landing.apply_landing_`)
+    landing_steps: int = 0
+
+    def _check_landing(self, factor: Tensor) -> None:
+        """Warn once when X changed since the last training forward (an optimizer step) with no landing step
+        in between, twice in a row (one change without landing is a ``load_state_dict``)."""
+        if not (self.training and torch.is_grad_enabled() and factor.requires_grad):
+            return
+        seen = self.__dict__.get("_landing_seen")
+        now = (factor._version, self.landing_steps)
+        self.__dict__["_landing_seen"] = now
+        if seen is None or seen[0] == now[0]:
+            return  # first forward, or no step since (gradient accumulation, several forwards per step)
+        strikes = 0 if now[1] != seen[1] else self.__dict__.get("_landing_strikes", 0) + 1
+        self.__dict__["_landing_strikes"] = strikes
+        if strikes >= 2 and not self.__dict__.get("_landing_warned"):
+            self.__dict__["_landing_warned"] = True
+            warnings.warn(_NO_LANDING, PoLARLandingWarning, stacklevel=3)
+
     def adapter_output(self, h: Tensor, adapter: str) -> Tensor:
         """``(α/r) X Θ Yᵀ h`` without forming ΔW."""
         fx, theta, fy = self.polar_factors(adapter)
+        self._check_landing(fx)
         # fold Θ into X once per call (out·r² flops) so each token pays two thin matmuls, like LoRA
         return ((h @ fy) @ (fx @ theta).T) * self.scaling[adapter]
 

@@ -74,6 +74,9 @@ def apply_landing_(model: nn.Module, lam: float = 1.0) -> int:
             continue
         param.grad.copy_(landing_direction(param, param.grad, lam))
         count += 1
+    if count:
+        for _, layer in polar_layers(model):  # the layers' "stepped without landing" check reads this
+            layer.landing_steps += 1
     return count
 
 

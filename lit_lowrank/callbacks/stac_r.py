@@ -109,8 +109,8 @@ class STACRLinear(nn.Linear):
                                  basis_stored=self.basis_mode == "svd")
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.mode == "off" or not self.training or not torch.is_grad_enabled() or not (
-                self.weight.requires_grad or x.requires_grad):
+        # a frozen weight (e.g. an adapter's base layer) needs no saved input at all: F.linear saves none
+        if self.mode == "off" or not self.training or not torch.is_grad_enabled() or not self.weight.requires_grad:
             return F.linear(x, self.weight, self.bias)
         x2d = x.detach().reshape(-1, self.in_features)
         basis = self.stac_r_basis
@@ -135,6 +135,41 @@ class STACRLinear(nn.Linear):
                 f"basis={self.basis_mode}")
 
 
+def _linear_targets(model: nn.Module, target: str | Sequence[str] | None) -> list[tuple[str, str, nn.Linear]]:
+    """``(name, where to replace, Linear)`` for the Linear layers ``target`` selects.
+
+    A PEFT adapter layer (LoRA, DoRA, LoKr, SDS-LoRA, SaMA, PoLAR: a wrapper with ``base_layer``) counts as its
+    Linear: STAC-R goes on its ``base_layer``, under the wrapper's name, so adapter-then-STAC-R and
+    STAC-R-then-adapter build the same model and a checkpoint rebuilds either (issue #29).
+    """
+    if target is None:
+        matches = [(n, m) for n, m in find_modules(model, None) if isinstance(m, nn.Linear) or _adapter_base(m)]
+    else:
+        matches = find_modules(model, target, (nn.Linear, *_adapter_wrapper_types()))
+    found = []
+    for name, module in matches:
+        base = _adapter_base(module)
+        if base is not None:
+            found.append((name, f"{name}.base_layer", base))
+        elif isinstance(module, nn.Linear):
+            found.append((name, name, module))
+    return found
+
+
+def _adapter_wrapper_types() -> tuple[type, ...]:
+    try:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+    except ImportError:  # pragma: no cover - peft is a dependency
+        return ()
+    return (BaseTunerLayer,)
+
+
+def _adapter_base(module: nn.Module) -> nn.Linear | None:
+    """The Linear a PEFT adapter layer wraps directly (``None`` for anything else)."""
+    base = getattr(module, "base_layer", None) if isinstance(module, _adapter_wrapper_types()) else None
+    return base if isinstance(base, nn.Linear) else None
+
+
 def apply_stac_r(model: nn.Module, target: str | Sequence[str] | None = None, rank: int = 16,
                  residual_density: float = 0.01, residual_bits: int = 8, basis: BasisMode = "tracked",
                  update: Literal["subspace", "oja"] = "subspace", oja_lr: float = 0.5,
@@ -152,7 +187,7 @@ def apply_stac_r(model: nn.Module, target: str | Sequence[str] | None = None, ra
     kwargs = dict(rank=rank, residual_density=residual_density, residual_bits=residual_bits, basis_mode=basis,
                   update=update, oja_lr=oja_lr, coef_dtype=coef_dtype)
     layers: dict[str, STACRLinear] = {}
-    for name, module in find_modules(model, target, nn.Linear):
+    for name, where, module in _linear_targets(model, target):
         if isinstance(module, STACRLinear):
             layers[name] = module
             continue
@@ -161,7 +196,7 @@ def apply_stac_r(model: nn.Module, target: str | Sequence[str] | None = None, ra
                 continue  # "every Linear": layers narrower than the code are left alone
             raise ValueError(f"`rank`={rank} is not below in_features={module.in_features} of target layer {name!r}.")
         layer = mark_replaced(STACRLinear(module, **kwargs), "stac_r")
-        replace_module(model, name, layer)
+        replace_module(model, where, layer)
         layers[name] = layer
     if not layers:
         raise ValueError(f"`target`={target!r} leaves no Linear layer with in_features > rank={rank}.")

@@ -1,7 +1,14 @@
 """The small shared machinery: loss hooks, surgery helpers, registry, logging."""
 
 from lit_lowrank.core.logging import log_method, method_key
-from lit_lowrank.core.loss_hooks import OUTPUT_KEYS, MethodCallback, apply_loss_hooks, method_callbacks, require_outputs
+from lit_lowrank.core.loss_hooks import (
+    OUTPUT_KEYS,
+    LossHookWarning,
+    MethodCallback,
+    apply_loss_hooks,
+    method_callbacks,
+    require_outputs,
+)
 from lit_lowrank.core.registry import (
     MethodSpec,
     all_methods,
@@ -29,5 +36,5 @@ __all__ = [
     "MethodSpec", "register_method", "unregister_method", "get_method", "all_methods", "implemented_methods",
     "methods_table", "find_modules", "replace_module", "mark_replaced", "is_replaced", "record_surgery",
     "surgery_records", "save_surgery", "rebuild_surgery", "import_object",
-    "temporarily_set",
+    "temporarily_set", "LossHookWarning",
 ]

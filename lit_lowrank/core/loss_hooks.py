@@ -16,6 +16,7 @@ trainer may then add terms, reweight, or return the loss unchanged.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import lightning.pytorch as pl
@@ -25,16 +26,34 @@ from torch import Tensor
 #: Names that ``outputs`` carries across tasks, so methods read them the same way.
 OUTPUT_KEYS = ("logits", "features", "hidden_states", "category", "loss")
 
+#: Trainer attribute holding the batch counter of the last ``apply_loss_hooks`` call.
+_CALLED_ATTR = "_lit_lowrank_loss_hooks_batch"
+
+
+class LossHookWarning(UserWarning):
+    """A method that changes the loss ran on a module whose ``training_step`` never called ``apply_loss_hooks``."""
+
 
 class MethodCallback(pl.Callback):
     """Base class of every lit_lowrank method that acts from outside a module.
 
     Subclasses override :meth:`on_loss` to change the training loss; they may use
-    any other Lightning hook as usual (structural changes only in ``setup``).
+    any other Lightning hook as usual (structural changes only in ``setup``; a subclass
+    that overrides ``on_before_backward`` calls ``super().on_before_backward(...)``).
+
+    A subclass that overrides :meth:`on_loss` checks, before each backward, that the
+    module's ``training_step`` called :func:`apply_loss_hooks` in that step: if not, the
+    method has no effect, and it warns once (:class:`LossHookWarning`) naming the fix —
+    or raises when ``strict`` is true (``callback.strict = True``, or on the class).
     """
 
     #: Name used for diagnostics (``method/<name>/...``) and the registry.
     method_name: str = "method"
+    #: Raise (instead of warning once) when ``on_loss`` is overridden but never reached in a training step.
+    strict: bool = False
+
+    def on_before_backward(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", loss: Tensor) -> None:
+        check_loss_hooks_called(self, trainer, pl_module)
 
     def on_loss(
         self,
@@ -64,6 +83,37 @@ def require_outputs(outputs: dict[str, Any], keys: tuple[str, ...], method: str)
         )
 
 
+def _batch_counter(trainer: "pl.Trainer") -> int | None:
+    """How many training batches the fit loop has started (``None`` outside ``fit``)."""
+    try:
+        return int(trainer.fit_loop.epoch_loop.batch_progress.total.ready)
+    except AttributeError:
+        return None
+
+
+def check_loss_hooks_called(callback: MethodCallback, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+    """Warn once (raise when ``callback.strict``) if ``callback`` overrides ``on_loss`` but this training step
+    never called :func:`apply_loss_hooks` — the method would silently do nothing."""
+    if type(callback).on_loss is MethodCallback.on_loss or not trainer.training:
+        return
+    counter = _batch_counter(trainer)
+    if counter is None or getattr(trainer, _CALLED_ATTR, None) == counter:
+        return
+    name = type(callback).__name__
+    message = (
+        f"{name} changes the training loss in `on_loss`, but {type(pl_module).__name__}.training_step did not call "
+        f"`apply_loss_hooks` in this step, so {name} has no effect on training. Add "
+        "`loss = apply_loss_hooks(self, batch, outputs, loss)` (from lit_lowrank.core) to training_step before "
+        "returning the loss."
+    )
+    if getattr(callback, "strict", False):
+        raise RuntimeError(message)
+    if not getattr(callback, "_loss_hook_warned", False):
+        callback._loss_hook_warned = True
+        warnings.warn(message + f" (Set `strict = True` on {name} to make this an error.)", LossHookWarning,
+                      stacklevel=2)
+
+
 def method_callbacks(trainer: "pl.Trainer | None") -> list[MethodCallback]:
     """The trainer's :class:`MethodCallback` instances, in callback order."""
     if trainer is None:
@@ -90,6 +140,8 @@ def apply_loss_hooks(pl_module: "pl.LightningModule", batch: Any, outputs: dict[
     if not isinstance(outputs, dict):
         raise TypeError(f"apply_loss_hooks: `outputs` must be a dict, got {type(outputs).__name__}.")
     trainer = getattr(pl_module, "_trainer", None)
+    if trainer is not None:
+        setattr(trainer, _CALLED_ATTR, _batch_counter(trainer))
     for callback in method_callbacks(trainer):
         new_loss = callback.on_loss(trainer, pl_module, batch, outputs, loss)
         if not isinstance(new_loss, torch.Tensor) or new_loss.dim() != 0:

@@ -83,10 +83,16 @@ def find_modules(
         and not any(name.startswith(r + ".") for r in replaced)
     ]
     if not found:
-        candidates = [n for n, m in model.named_modules() if n and (types is None or isinstance(m, types))]
+        # suggest only names this search can return (never the insides of a replaced module)
+        candidates = [n for n, m in model.named_modules() if n and (types is None or isinstance(m, types))
+                      and not any(n.startswith(r + ".") for r in replaced)]
         type_txt = "" if types is None else f" of type {_type_names(types)}"
+        taken = [f"{n!r} is a {type(m).__name__} made by {getattr(m, _MARK_ATTR)!r}"
+                 for n, m in model.named_modules() if n in replaced and name_ok(n)]
+        why = (f" {'; '.join(taken[:3])}: this method cannot stack on that layer (see the composition matrix in "
+               "the README)." if taken else "")
         raise ValueError(
-            f"`{param}`={target!r} matches no module{type_txt} in {type(model).__name__}. "
+            f"`{param}`={target!r} matches no module{type_txt} in {type(model).__name__}.{why} "
             f"Expected a regex or a list of names among: {_preview(candidates)}."
         )
     return found

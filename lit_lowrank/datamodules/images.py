@@ -8,7 +8,6 @@ statistics read. ``fine_to_coarse[y] == category`` always holds.
 from __future__ import annotations
 
 import json
-import pickle
 from functools import cached_property
 from pathlib import Path
 from typing import Literal, Optional
@@ -18,6 +17,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from lit_lowrank.core.safe_load import load_data_pickle
 from lit_lowrank.datamodules._common import DictDataset, SplitDataModule, check_fractions, stratified_split
 from lit_lowrank.datamodules._paths import package_file, require_path
 
@@ -157,8 +157,8 @@ def read_cifar_batches(folder: Path, variant: int, train: bool) -> tuple[np.ndar
     images, fine, coarse = [], [], []
     for name in names:
         path = require_path(folder / name, "root", f"the CIFAR-{variant} batch file {name!r}")
-        with open(path, "rb") as handle:
-            entry = pickle.load(handle, encoding="latin1")
+        with open(path, "rb") as handle:  # arrays and lists only: a pickle from elsewhere must not run code
+            entry = load_data_pickle(handle, where=f"the CIFAR-{variant} batch file {str(path)!r}", encoding="latin1")
         # Python-2 pickles load with str keys under latin1; re-pickled ones may keep bytes keys.
         entry = {k.decode() if isinstance(k, bytes) else k: v for k, v in entry.items()}
         images.append(np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))

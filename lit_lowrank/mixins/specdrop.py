@@ -552,6 +552,12 @@ def apply_specdrop(
                     f"cannot re-wrap it with {wanted}."
                 )
             continue
+        if is_replaced(module):  # another method's layer (an adapter, STAC-R): branching it would copy that state
+            raise ValueError(
+                f"`target` module {name!r} is a {type(module).__name__} made by {getattr(module, '_lit_lowrank_method')!r}; "
+                "SpecDrop cannot branch another method's layer (see the composition matrix in the README): "
+                "apply SpecDrop to other modules, or use SpecDrop's own LoRA branches (branch_type='lora')."
+            )
         block = SpecDropBranches(module, num_branches, merge, **options)
         block.target_name = name
         replace_module(model, name, mark_replaced(block, METHOD))

@@ -66,7 +66,7 @@ class CrossDatasetDigitClassifier(nn.Module):
         key = f"mnist5k_digits8_cnn_small_e{epochs}_s{seed}_m{self.input_mean:.5f}_sd{self.input_std:.5f}.pt"
         path = _cache_root() / "safecut" / key
         if cache and path.exists():
-            self.load_state_dict(torch.load(path, map_location="cpu"))
+            self.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
         else:
             self._train(seed, epochs)
             if cache:

@@ -372,7 +372,9 @@ class BlockDrafterNet(nn.Module):
     @classmethod
     def load(cls, path: Any, map_location: Any = "cpu") -> BlockDrafterNet:
         """Rebuild a drafter saved with :meth:`save`."""
-        blob = torch.load(path, map_location=map_location, weights_only=False)
+        from lit_lowrank.core.safe_load import load_weights_file
+
+        blob = load_weights_file(path, param="path", map_location=map_location)  # config + tensors only
         net = cls(**blob["config"])
         net.load_state_dict(blob["state_dict"])
         return net

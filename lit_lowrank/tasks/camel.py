@@ -133,7 +133,9 @@ class CAMELModule(TaskModule):
         if creator_checkpoint is not None:
             if not Path(creator_checkpoint).is_file():
                 raise FileNotFoundError(f"`creator_checkpoint`={creator_checkpoint!r}: no such file.")
-            state = torch.load(creator_checkpoint, map_location="cpu", weights_only=False)
+            from lit_lowrank.core.safe_load import load_weights_file
+
+            state = load_weights_file(creator_checkpoint, param="creator_checkpoint")
             creator.load_state_dict(state.get("state_dict", state))
         table = getattr(creator.model, "class_embedding", None)
         if not isinstance(table, nn.Embedding):

@@ -109,7 +109,9 @@ class ClassificationModule(TaskModule):
 
         if not Path(path).is_file():
             raise FileNotFoundError(f"`weights_path`={path!r} does not exist; expected a checkpoint or state_dict file.")
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        from lit_lowrank.core.safe_load import load_weights_file
+
+        state = load_weights_file(path, param="weights_path")  # never unpickles code from a user's file
         state = state.get("state_dict", state)
         try:
             missing, unexpected = self.load_state_dict(state, strict=False)
