@@ -77,6 +77,8 @@ def _tensor_of(output: Any) -> Tensor:
         return output
     if hasattr(output, "sample"):
         return output.sample
+    if isinstance(getattr(output, "images", None), Tensor):  # a diffusers pipeline with output_type="pt"
+        return output.images
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
         return output[0]
     raise TypeError(f"SARA cannot read a tensor from the denoiser output of type {type(output).__name__}.")
@@ -135,6 +137,13 @@ class SARAController:
         self.step_fractions: list[float] = []
         self._inside = False
         self._calibration: list[tuple[np.ndarray, np.ndarray]] | None = None
+        #: (step, ranks) of a propagation probe run: that step truncated, every other dense
+        self._probe: tuple[int, dict[str, int | None]] | None = None
+        self._probe_error: float | None = None
+        #: SARA-DP: per-step gain from a step's output error to the final sample's error (1 = unweighted)
+        self.step_gains: np.ndarray | None = None
+        #: SARA-DP: the unweighted teacher-forced output errors ``(T, B, L)`` of the last calibration
+        self.output_errors: np.ndarray | None = None
         self._timestep: float | None = None
         self._calibration_t: dict[int, float] = {}
         #: timestep of each step of the calibrated DP schedule (maps calls outside a sampling loop)
@@ -318,7 +327,12 @@ class SARAController:
         if self._inside:
             return
         self.step = self._current_step(args, kwargs)
-        ranks = dict.fromkeys(self.layers) if self._calibration is not None else self.ranks_for_step(self.step)
+        if self._probe is not None:
+            ranks = self._probe[1] if self.step == self._probe[0] else dict.fromkeys(self.layers)
+        elif self._calibration is not None:
+            ranks = dict.fromkeys(self.layers)
+        else:
+            ranks = self.ranks_for_step(self.step)
         for name, layer in self.layers.items():
             layer.rank = ranks[name]
         while len(self.step_ranks) <= self.step:
@@ -334,6 +348,23 @@ class SARAController:
             self._outputs.pop(self.step - 2, None)
         if self._calibration is not None:
             self._measure(args, kwargs, out)
+        if self._probe is not None and self.step == self._probe[0]:
+            self._probe_error = self._dense_error(args, kwargs, out)
+
+    @torch.no_grad()
+    def _dense_error(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Tensor) -> float:
+        """‖out − dense output on the same input‖ / ‖dense output‖ (one extra dense forward)."""
+        ranks = {n: m.rank for n, m in self.layers.items()}
+        self._inside = True
+        try:
+            for m in self.layers.values():
+                m.rank = None
+            dense = _tensor_of(self.denoiser(*args, **kwargs)).double()
+        finally:
+            for n, m in self.layers.items():
+                m.rank = ranks[n]
+            self._inside = False
+        return float((out.double() - dense).norm() / dense.norm().clamp_min(1e-12))
 
     # -- SARA-DP calibration ------------------------------------------------------------
     @torch.no_grad()
@@ -368,14 +399,29 @@ class SARAController:
         if self._timestep is not None:
             self._calibration_t[self.step] = self._timestep
 
-    def calibrate(self, run: Callable[[], Any], budget: float, **dp_kwargs: Any) -> np.ndarray:
+    def calibrate(self, run: Callable[[], Any], budget: float, propagate: bool = True, probe: float = 0.25,
+                  **dp_kwargs: Any) -> np.ndarray:
         """SARA-DP: measure per-(step, block, level) LRAE while ``run()`` samples at full rank, then
         solve the schedule that minimises the summed error with factored-layer MACs ``≤ budget ×`` full.
 
+        The LRAE of (step t, block b, level l) is the relative error of the denoiser *output* at step t
+        when only block b runs at level l (teacher-forced: the full-rank trajectory continues). With
+        ``propagate=True`` (decided, the default) it is weighted by the step's **propagation gain**
+        ``g_t`` = (relative error of the final sample) / (relative output error at step t), measured
+        with one more warm-up run per step in which every factored layer runs at rank fraction
+        ``probe`` at step t only. Output errors of different steps reach the sample very differently
+        (an ε error at a noisy step moves the whole sample; at the last step it barely moves it), so
+        the unweighted sum misallocates rank across steps; ``propagate=False`` is the unweighted,
+        output-level model (cheaper: no extra runs).
+
         Args:
             run: a zero-argument call that samples with the denoiser (warm-up prompts / labels), with the
-                same number of steps as the sampling the schedule is for.
+                same number of steps as the sampling the schedule is for; with ``propagate=True`` it must
+                return the samples as a tensor (``DiffusionModule.sample``; a diffusers pipeline with
+                ``output_type="pt"``).
             budget: MACs of the factored layers as a fraction of their full-rank MACs, in ``(0, 1]``.
+            propagate: weight each step's errors by its measured propagation gain.
+            probe: rank fraction of the propagation probe, in ``(0, 1)``.
             dp_kwargs: ``unit`` / ``resolution`` of :func:`~lit_lowrank.ops.sara.solve_rank_dp`.
 
         Returns:
@@ -384,9 +430,11 @@ class SARAController:
         self._require_attached()
         if not 0 < budget <= 1:
             raise ValueError(f"`budget` must be a MACs fraction in (0, 1], got {budget!r}.")
+        if not 0 < probe < 1:
+            raise ValueError(f"`probe` must be a rank fraction in (0, 1), got {probe!r}.")
         self._calibration, self._calibration_t = [], {}
         try:
-            run()
+            reference = run()
             measured = self._calibration
         finally:
             self._calibration = None
@@ -395,6 +443,9 @@ class SARAController:
         errors = np.stack([e for e, _ in measured])  # (T, B, L)
         costs = np.stack([c for _, c in measured])
         steps, blocks, levels = errors.shape
+        self.step_gains = self._propagation_gains(run, reference, steps, probe) if propagate else np.ones(steps)
+        self.output_errors = errors
+        errors = errors * self.step_gains[:, None, None]
         total = costs[..., -1].sum()
         choice = solve_rank_dp(errors.reshape(-1, levels), costs.reshape(-1, levels), budget * total, **dp_kwargs)
         self.calibration_errors, self.calibration_costs = errors, costs
@@ -404,6 +455,29 @@ class SARAController:
         self.reset_macs()
         assert self.schedule is not None
         return self.schedule
+
+    @torch.no_grad()
+    def _propagation_gains(self, run: Callable[[], Any], reference: Any, steps: int, probe: float) -> np.ndarray:
+        """``g_t`` = final-sample relative error / step-t output relative error, one probe run per step."""
+        try:
+            ref = _tensor_of(reference).double()
+        except TypeError:
+            raise ValueError("SARA calibrate(propagate=True) needs `run()` to return the samples as a tensor "
+                             f"(got {type(reference).__name__}); return them (e.g. output_type='pt') or pass "
+                             "propagate=False.") from None
+        ranks = {n: fraction_rank(probe, m.full_rank) for n, m in self.layers.items()}
+        gains = np.ones(steps)
+        policy = self.policy
+        try:
+            for t in range(steps):
+                self._probe, self._probe_error = (t, ranks), None
+                sample = _tensor_of(run()).double()
+                final = float((sample - ref).norm() / ref.norm().clamp_min(1e-12))
+                if self._probe_error:
+                    gains[t] = final / self._probe_error
+        finally:
+            self._probe, self.policy = None, policy
+        return gains
 
     # -- accounting ----------------------------------------------------------------------
     def reset_macs(self) -> None:

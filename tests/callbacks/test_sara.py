@@ -1,4 +1,5 @@
 import lightning.pytorch as pl
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -194,3 +195,29 @@ def test_exclude_keeps_conditioning_layers_dense():
         kept = names - set(c.layers)
         assert kept and all("time_emb" in n for n in kept)  # the UNet's timestep embedder / projections
         assert set(c.layers) and not any("time_emb" in n for n in c.layers)
+
+
+def test_dp_weights_each_steps_errors_by_its_measured_propagation_gain():
+    module = _module()
+    run = lambda: _sample(module, n=2, steps=3, seed=5)  # noqa: E731
+    reference = run()
+    with SARAController(module.model, step_source=lambda: module.current_step_index) as c:
+        c.calibrate(run, budget=0.5, propagate=False)
+        assert np.array_equal(c.step_gains, np.ones(3))
+        unweighted = c.calibration_errors.copy()
+        c.calibrate(run, budget=0.5, probe=0.25)
+        gains = c.step_gains
+        assert gains.shape == (3,) and (gains > 0).all() and not np.allclose(gains, 1.0)
+        np.testing.assert_allclose(c.output_errors, unweighted)
+        np.testing.assert_allclose(c.calibration_errors, unweighted * gains[:, None, None])
+        # the probe of the last step is a run with only that step truncated: its gain is the final error
+        # of such a run over that step's output error, both positive
+        c.set_fractions([1.0, 1.0, 0.25])
+        c.reset_macs()
+        probed = run()
+        assert float((probed - reference).norm()) > 0
+        with pytest.raises(ValueError, match="tensor"):
+            c.calibrate(lambda: run().tolist(), budget=0.5)
+        with pytest.raises(ValueError, match="probe"):
+            c.calibrate(run, budget=0.5, probe=1.0)
+    assert torch.equal(run(), reference)  # probes leave nothing behind
