@@ -477,16 +477,16 @@ def _summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in rows:
         if "rel_error" in r:
             seen.setdefault((r["model"], r["method"]), []).append(r)
-    times = {r["method"][5:]: [] for r in rows if r.get("method", "").startswith("time_")}
+    times: dict[tuple[str, str], list[float]] = {}  # (model, method): timed on that model only
     for r in rows:
         if r.get("method", "").startswith("time_"):
-            times[r["method"][5:]].append(r["seconds"])
+            times.setdefault((r["model"], r["method"][5:]), []).append(r["seconds"])
     for (model, method), sel in seen.items():
         first = sel[0]
         row = {"model": model, "method": method, "budget": first["budget"], "macs_linear": first["macs_linear"],
                "macs_total": first["macs_total"], "rel_error": round(float(np.mean([r["rel_error"] for r in sel])), 4),
                "agreement": round(float(np.mean([r["agree"] for r in sel])), 3)}
-        if method in times and "full" in times:
-            row["wall_ratio"] = round(float(np.median(times[method]) / np.median(times["full"])), 3)
+        if (model, method) in times and (model, "full") in times:
+            row["wall_ratio"] = round(float(np.median(times[model, method]) / np.median(times[model, "full"])), 3)
         out.append(row)
     return out
