@@ -27,11 +27,11 @@ class SARA(MethodCallback):
       in an extra teacher-forced forward and its relative output error measured; the schedule minimising
       the summed error with factored-layer MACs ``≤ budget`` × full is solved by DP (globally optimal
       for this additive model, :func:`~lit_lowrank.ops.sara.solve_rank_dp`).
-    - ``mode="online"`` (SARA-Online): no calibration; at step ``t`` the threshold
-      ``τ_t = threshold · min(1, Δ_ref/Δ_t)`` with ``Δ_t = ‖ô_{t-1} − ô_{t-2}‖/‖ô_{t-1}‖`` the relative change
-      of the denoiser output (``Δ_ref`` the run's first change), and each layer runs the smallest rank
-      whose spectrum LRAE is ``≤ τ_t · √(its share of the largest layer's MACs)`` (full rank on the
-      first two steps; :func:`~lit_lowrank.ops.sara.online_threshold`, :func:`~lit_lowrank.ops.sara.online_rank`).
+    - ``mode="online"`` (SARA-Online): no calibration; before step ``t`` the closed-form spectrum LRAE
+      of the previous denoiser output (each sample's output as a matrix) gives the smallest rank
+      fraction ``ρ_t`` that represents that output to relative error ``threshold``, and every factored
+      layer runs at ``⌈ρ_t · min(m, n)⌉`` (the first step at full rank;
+      :func:`~lit_lowrank.ops.sara.online_rank_fraction`).
     - baselines: ``"uniform"`` (rank fraction ``budget`` everywhere), ``"static"`` (static SVD
       compression keeping energy ``budget``), ``"full"``.
 
@@ -51,9 +51,12 @@ class SARA(MethodCallback):
     Args:
         mode: ``"dp"``, ``"online"``, ``"uniform"``, ``"static"`` or ``"full"``.
         budget: DP: factored-layer MACs fraction; uniform: rank fraction; static: energy kept.
-        threshold: SARA-Online scale ``τ``.
+        threshold: SARA-Online's tolerated relative LRAE ``τ`` of the denoiser output.
         levels: rank fractions of ``min(m, n)`` the DP chooses among.
         target: regex / names of the layers to factor (default all Linear layers).
+        exclude: regex of layers never factored, e.g.
+            :data:`~lit_lowrank.callbacks.sara_controller.CONDITIONING_LAYERS` (timestep / class embedders,
+            adaLN modulation: little of the MACs, but they reach every token).
         include_conv1x1: also factor pointwise convolutions.
         include_conv: also factor ``k×k`` convolutions (as ``C_out × C_in·k·k``; UNets).
         blocks: ``"auto"`` or a list of block regexes (DP granularity).
@@ -78,7 +81,7 @@ class SARA(MethodCallback):
                  levels: Sequence[float] = DEFAULT_LEVELS, target: str | Sequence[str] | None = None,
                  include_conv1x1: bool = False, blocks: str | Sequence[str] = "auto", denoiser_attr: str = "model",
                  num_inference_steps: int = 20, calibration_samples: int = 8, eval_samples: int = 8,
-                 seed: int = 0, include_conv: bool = False) -> None:
+                 seed: int = 0, include_conv: bool = False, exclude: str | None = None) -> None:
         if mode not in _MODES:
             raise ValueError(f"`mode`={mode!r}, expected one of {_MODES}.")
         if not 0 < budget <= 1:
@@ -90,7 +93,7 @@ class SARA(MethodCallback):
                              f"got {num_inference_steps}, {calibration_samples}, {eval_samples}.")
         self.mode, self.budget, self.threshold = mode, float(budget), float(threshold)
         self.controller_kwargs = {"target": target, "include_conv1x1": include_conv1x1, "blocks": blocks,
-                                  "include_conv": include_conv,
+                                  "include_conv": include_conv, "exclude": exclude,
                                   "levels": tuple(levels)}
         self.denoiser_attr = denoiser_attr
         self.num_inference_steps, self.calibration_samples = num_inference_steps, calibration_samples

@@ -13,7 +13,9 @@ calibration). ``step_source`` overrides the timestep rule with an exact step ind
 Policies (``set_*``): ``full`` (original layers, bit-exact), ``uniform`` (one rank
 fraction everywhere), ``static`` (per-layer rank keeping an energy fraction, the
 classic static SVD compression), ``dp`` (a per-step × per-block level schedule from
-:meth:`calibrate`) and ``online`` (per-step threshold from the output change).
+:meth:`calibrate`), ``online`` (per-step rank fraction from the spectrum of the previous
+denoiser output) and ``fractions`` (a fixed per-step rank fraction schedule, e.g. an online
+run's fractions replayed or shuffled).
 
 .. code-block:: python
 
@@ -41,19 +43,23 @@ from lit_lowrank.core.surgery import find_modules, mark_replaced, replace_module
 from lit_lowrank.ops.lowrank import rank_for_energy
 from lit_lowrank.ops.sara import (
     factored_macs,
-    online_rank,
-    online_threshold,
-    output_change,
+    fraction_rank,
+    online_rank_fraction,
     rank_levels,
     solve_rank_dp,
 )
 from lit_lowrank.ops.svd_linear import SVDLinear, is_factorable_conv, is_pointwise_conv
 
-__all__ = ["DEFAULT_LEVELS", "SARAController", "apply_sara", "auto_block_name"]
+__all__ = ["CONDITIONING_LAYERS", "DEFAULT_LEVELS", "SARAController", "apply_sara", "auto_block_name"]
 
 #: rank fractions of ``min(m, n)`` that SARA-DP chooses among (1.0 = the original layer).
 DEFAULT_LEVELS: tuple[float, ...] = (0.125, 0.25, 0.375, 0.5, 1.0)
 _TIMESTEP_KEYS = ("timestep", "timesteps", "t")
+#: names of per-sample conditioning layers in diffusers denoisers (timestep / class embedders, adaLN
+#: modulation, DiT's conditioned output projection): a small share of the MACs that reaches every
+#: token, so ``exclude=CONDITIONING_LAYERS`` keeps them dense for every policy.
+CONDITIONING_LAYERS = (r"(time_embedding|time_emb_proj|timestep_embedder|class_embedding|add_embedding|"
+                       r"norm1\.linear|norm1_context\.linear|norm_out\.linear|adaLN|proj_out_1$)")
 
 
 def auto_block_name(name: str) -> str:
@@ -71,6 +77,8 @@ def _tensor_of(output: Any) -> Tensor:
         return output
     if hasattr(output, "sample"):
         return output.sample
+    if isinstance(getattr(output, "images", None), Tensor):  # a diffusers pipeline with output_type="pt"
+        return output.images
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
         return output[0]
     raise TypeError(f"SARA cannot read a tensor from the denoiser output of type {type(output).__name__}.")
@@ -90,12 +98,18 @@ class SARAController:
             the first block regex it matches (unmatched layers form the block ``"other"``).
         levels: rank fractions of ``min(m, n)`` for the DP and uniform grids.
         step_source: returns the current step index (``None`` = use the timestep rule).
+        exclude: regex of layer names never factored (e.g. :data:`CONDITIONING_LAYERS`).
+        signal: SARA-Online's signal from a denoiser call, ``signal(output, args, kwargs) -> Tensor``
+            (default: the output itself, as the abstract has it); e.g. a function returning the
+            predicted clean sample x̂₀ for a given parameterisation.
     """
 
     def __init__(self, denoiser: nn.Module, target: str | Sequence[str] | None = None,
                  include_conv1x1: bool = False, blocks: str | Sequence[str] = "auto",
                  levels: Sequence[float] = DEFAULT_LEVELS,
-                 step_source: Callable[[], int | None] | None = None, include_conv: bool = False) -> None:
+                 step_source: Callable[[], int | None] | None = None, include_conv: bool = False,
+                 exclude: str | None = None,
+                 signal: Callable[[Tensor, tuple[Any, ...], dict[str, Any]], Tensor] | None = None) -> None:
         if not isinstance(denoiser, nn.Module):
             raise TypeError(f"`denoiser` must be an nn.Module, got {type(denoiser).__name__}.")
         self.denoiser = denoiser
@@ -104,6 +118,8 @@ class SARAController:
         self.levels = tuple(sorted(levels))
         rank_levels(8, self.levels)  # validates the fractions
         self.step_source = step_source
+        self.exclude = re.compile(exclude) if exclude else None
+        self.signal = signal
         self.layers: dict[str, SVDLinear] = {}
         self.block_of: dict[str, str] = {}
         self.blocks: list[str] = []
@@ -116,10 +132,18 @@ class SARAController:
         self.step = -1
         self._last_t: float | None = None
         self._outputs: dict[int, Tensor] = {}
-        self._reference_change: float | None = None
-        self._tau: float | None = None
+        self._fractions: list[float] = []
+        #: SARA-Online: the rank fraction each step of the last run used (1.0 = dense)
+        self.step_fractions: list[float] = []
         self._inside = False
         self._calibration: list[tuple[np.ndarray, np.ndarray]] | None = None
+        #: (step, ranks) of a propagation probe run: that step truncated, every other dense
+        self._probe: tuple[int, dict[str, int | None]] | None = None
+        self._probe_error: float | None = None
+        #: SARA-DP: per-step gain from a step's output error to the final sample's error (1 = unweighted)
+        self.step_gains: np.ndarray | None = None
+        #: SARA-DP: the unweighted teacher-forced output errors ``(T, B, L)`` of the last calibration
+        self.output_errors: np.ndarray | None = None
         self._timestep: float | None = None
         self._calibration_t: dict[int, float] = {}
         #: timestep of each step of the calibrated DP schedule (maps calls outside a sampling loop)
@@ -138,7 +162,7 @@ class SARAController:
         types = (nn.Linear, nn.Conv2d) if self.include_conv1x1 or self.include_conv else nn.Linear
         conv_ok = is_factorable_conv if self.include_conv else is_pointwise_conv
         found = [(n, m) for n, m in find_modules(self.denoiser, self.target, types=types)
-                 if isinstance(m, nn.Linear) or conv_ok(m)]
+                 if (isinstance(m, nn.Linear) or conv_ok(m)) and not (self.exclude and self.exclude.search(n))]
         if not found:
             kinds = " / conv" if self.include_conv else " / 1x1 conv" if self.include_conv1x1 else ""
             raise ValueError(f"`target`={self.target!r} matches no Linear{kinds} layer of "
@@ -218,11 +242,23 @@ class SARAController:
         self.schedule, self.policy = schedule, "dp"
 
     def set_online(self, threshold: float) -> None:
-        """SARA-Online with scale ``threshold`` (see :func:`~lit_lowrank.ops.sara.online_threshold`)."""
+        """SARA-Online with output tolerance ``threshold`` (see :func:`~lit_lowrank.ops.sara.online_rank_fraction`)."""
         self._require_attached()
         if threshold < 0:
             raise ValueError(f"`threshold` must be >= 0, got {threshold!r}.")
         self.threshold, self.policy = float(threshold), "online"
+
+    def set_fractions(self, fractions: Sequence[float]) -> None:
+        """A fixed rank fraction per step (every layer at ``⌈f_t · min(m, n)⌉``; 1.0 = dense)."""
+        self._require_attached()
+        if not len(fractions) or any(not 0.0 <= f <= 1.0 for f in fractions):
+            raise ValueError(f"`fractions` must be a non-empty list of values in [0, 1], got {list(fractions)!r}.")
+        self._fractions, self.policy = [float(f) for f in fractions], "fractions"
+
+    def _fraction_ranks(self, fraction: float) -> dict[str, int | None]:
+        if fraction >= 1.0:
+            return dict.fromkeys(self.layers)
+        return {n: fraction_rank(fraction, m.full_rank) for n, m in self.layers.items()}
 
     def ranks_for_step(self, step: int) -> dict[str, int | None]:
         """The rank of every layer at ``step`` under the current policy."""
@@ -237,24 +273,17 @@ class SARAController:
                                  f"with num_inference_steps={len(self.schedule)} or calibrate again.")
             index = {b: i for i, b in enumerate(self.blocks)}
             return {n: self.level_ranks(n)[int(self.schedule[step, index[self.block_of[n]]])] for n in self.layers}
-        change = output_change(self._outputs.get(step - 1), self._outputs.get(step - 2))
-        if change is not None and self._reference_change is None:
-            self._reference_change = change
-        ran = self.step_ranks
-        if step >= 3 and len(ran) >= step and ran[step - 1] != ran[step - 2] and self._tau is not None:
-            # the last two outputs came from different truncations: their difference measures the switch,
-            # not the trajectory, so keep the previous threshold
-            tau = self._tau
-        else:
-            tau = online_threshold(change, self._reference_change, self.threshold)
-        self._tau = tau
-        if tau is None:
-            return dict.fromkeys(self.layers)
-        # rows of the previous call: the tolerance of a layer scales with the MACs it can save
-        dense = {n: max(m.rows_seen, 1) * m.out_features * m.in_features for n, m in self.layers.items()}
-        top = max(dense.values())
-        return {n: online_rank(m.singular, tau, m.out_features, m.in_features, cost_share=dense[n] / top)
-                for n, m in self.layers.items()}
+        if self.policy == "fractions":
+            if step >= len(self._fractions):
+                raise ValueError(f"the fraction schedule covers {len(self._fractions)} steps but step {step} ran.")
+            return self._fraction_ranks(self._fractions[step])
+        # online: the previous step's output decides (none yet: the first step runs dense)
+        previous = self._outputs.get(step - 1)
+        fraction = 1.0 if previous is None else online_rank_fraction(previous, self.threshold)
+        while len(self.step_fractions) <= step:
+            self.step_fractions.append(1.0)
+        self.step_fractions[step] = fraction
+        return self._fraction_ranks(fraction)
 
     # -- hooks -------------------------------------------------------------------------
     @staticmethod
@@ -292,14 +321,18 @@ class SARAController:
 
     def _new_run(self) -> None:
         self._outputs.clear()
-        self._reference_change = None
-        self._tau = None
+        self.step_fractions = []
 
     def _pre_hook(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self._inside:
             return
         self.step = self._current_step(args, kwargs)
-        ranks = dict.fromkeys(self.layers) if self._calibration is not None else self.ranks_for_step(self.step)
+        if self._probe is not None:
+            ranks = self._probe[1] if self.step == self._probe[0] else dict.fromkeys(self.layers)
+        elif self._calibration is not None:
+            ranks = dict.fromkeys(self.layers)
+        else:
+            ranks = self.ranks_for_step(self.step)
         for name, layer in self.layers.items():
             layer.rank = ranks[name]
         while len(self.step_ranks) <= self.step:
@@ -310,10 +343,28 @@ class SARAController:
         if self._inside:
             return
         out = _tensor_of(output).detach()
-        self._outputs[self.step] = out
-        self._outputs.pop(self.step - 3, None)
+        if self.policy == "online":
+            self._outputs[self.step] = out if self.signal is None else self.signal(out, args, kwargs).detach()
+            self._outputs.pop(self.step - 2, None)
         if self._calibration is not None:
             self._measure(args, kwargs, out)
+        if self._probe is not None and self.step == self._probe[0]:
+            self._probe_error = self._dense_error(args, kwargs, out)
+
+    @torch.no_grad()
+    def _dense_error(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Tensor) -> float:
+        """‖out − dense output on the same input‖ / ‖dense output‖ (one extra dense forward)."""
+        ranks = {n: m.rank for n, m in self.layers.items()}
+        self._inside = True
+        try:
+            for m in self.layers.values():
+                m.rank = None
+            dense = _tensor_of(self.denoiser(*args, **kwargs)).double()
+        finally:
+            for n, m in self.layers.items():
+                m.rank = ranks[n]
+            self._inside = False
+        return float((out.double() - dense).norm() / dense.norm().clamp_min(1e-12))
 
     # -- SARA-DP calibration ------------------------------------------------------------
     @torch.no_grad()
@@ -348,14 +399,29 @@ class SARAController:
         if self._timestep is not None:
             self._calibration_t[self.step] = self._timestep
 
-    def calibrate(self, run: Callable[[], Any], budget: float, **dp_kwargs: Any) -> np.ndarray:
+    def calibrate(self, run: Callable[[], Any], budget: float, propagate: bool = True, probe: float = 0.25,
+                  **dp_kwargs: Any) -> np.ndarray:
         """SARA-DP: measure per-(step, block, level) LRAE while ``run()`` samples at full rank, then
         solve the schedule that minimises the summed error with factored-layer MACs ``≤ budget ×`` full.
 
+        The LRAE of (step t, block b, level l) is the relative error of the denoiser *output* at step t
+        when only block b runs at level l (teacher-forced: the full-rank trajectory continues). With
+        ``propagate=True`` (decided, the default) it is weighted by the step's **propagation gain**
+        ``g_t`` = (relative error of the final sample) / (relative output error at step t), measured
+        with one more warm-up run per step in which every factored layer runs at rank fraction
+        ``probe`` at step t only. Output errors of different steps reach the sample very differently
+        (an ε error at a noisy step moves the whole sample; at the last step it barely moves it), so
+        the unweighted sum misallocates rank across steps; ``propagate=False`` is the unweighted,
+        output-level model (cheaper: no extra runs).
+
         Args:
             run: a zero-argument call that samples with the denoiser (warm-up prompts / labels), with the
-                same number of steps as the sampling the schedule is for.
+                same number of steps as the sampling the schedule is for; with ``propagate=True`` it must
+                return the samples as a tensor (``DiffusionModule.sample``; a diffusers pipeline with
+                ``output_type="pt"``).
             budget: MACs of the factored layers as a fraction of their full-rank MACs, in ``(0, 1]``.
+            propagate: weight each step's errors by its measured propagation gain.
+            probe: rank fraction of the propagation probe, in ``(0, 1)``.
             dp_kwargs: ``unit`` / ``resolution`` of :func:`~lit_lowrank.ops.sara.solve_rank_dp`.
 
         Returns:
@@ -364,9 +430,11 @@ class SARAController:
         self._require_attached()
         if not 0 < budget <= 1:
             raise ValueError(f"`budget` must be a MACs fraction in (0, 1], got {budget!r}.")
+        if not 0 < probe < 1:
+            raise ValueError(f"`probe` must be a rank fraction in (0, 1), got {probe!r}.")
         self._calibration, self._calibration_t = [], {}
         try:
-            run()
+            reference = run()
             measured = self._calibration
         finally:
             self._calibration = None
@@ -375,6 +443,9 @@ class SARAController:
         errors = np.stack([e for e, _ in measured])  # (T, B, L)
         costs = np.stack([c for _, c in measured])
         steps, blocks, levels = errors.shape
+        self.step_gains = self._propagation_gains(run, reference, steps, probe) if propagate else np.ones(steps)
+        self.output_errors = errors
+        errors = errors * self.step_gains[:, None, None]
         total = costs[..., -1].sum()
         choice = solve_rank_dp(errors.reshape(-1, levels), costs.reshape(-1, levels), budget * total, **dp_kwargs)
         self.calibration_errors, self.calibration_costs = errors, costs
@@ -384,6 +455,29 @@ class SARAController:
         self.reset_macs()
         assert self.schedule is not None
         return self.schedule
+
+    @torch.no_grad()
+    def _propagation_gains(self, run: Callable[[], Any], reference: Any, steps: int, probe: float) -> np.ndarray:
+        """``g_t`` = final-sample relative error / step-t output relative error, one probe run per step."""
+        try:
+            ref = _tensor_of(reference).double()
+        except TypeError:
+            raise ValueError("SARA calibrate(propagate=True) needs `run()` to return the samples as a tensor "
+                             f"(got {type(reference).__name__}); return them (e.g. output_type='pt') or pass "
+                             "propagate=False.") from None
+        ranks = {n: fraction_rank(probe, m.full_rank) for n, m in self.layers.items()}
+        gains = np.ones(steps)
+        policy = self.policy
+        try:
+            for t in range(steps):
+                self._probe, self._probe_error = (t, ranks), None
+                sample = _tensor_of(run()).double()
+                final = float((sample - ref).norm() / ref.norm().clamp_min(1e-12))
+                if self._probe_error:
+                    gains[t] = final / self._probe_error
+        finally:
+            self._probe, self.policy = None, policy
+        return gains
 
     # -- accounting ----------------------------------------------------------------------
     def reset_macs(self) -> None:

@@ -168,11 +168,13 @@ class CLIPAppraiser(nn.Module):
         """L2-normalised prompt embeddings ``(P, projection_dim)`` through the (adapted) text projection."""
         return F.normalize(self.clip.text_projection(self.text_pooled), dim=-1)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, scaled: bool = True) -> Tensor:
         """Zero-shot logits ``(N, P)``; ``x`` is images ``(N, C, H, W)`` or embeddings ``(N, D)`` from :meth:`embed_images`.
 
         Passing embeddings lets the CAMEL inner loop run the frozen image tower once per sample
         set instead of once per inner step (the embeddings stay differentiable in the images).
+        ``scaled=False`` returns the plain cosines (for :func:`~lit_lowrank.ops.camel.alignment_loss`).
         """
         feats = self.embed_images(x) if x.dim() == 4 else x
-        return self.clip.logit_scale.exp() * feats @ self.text_embeddings().T
+        cosines = feats @ self.text_embeddings().T
+        return self.clip.logit_scale.exp() * cosines if scaled else cosines

@@ -75,9 +75,10 @@ from lit_lowrank.ops.sara import (
     factored_macs,
     lrae_data,
     lrae_spectrum,
-    online_rank,
-    online_threshold,
-    output_change,
+    fraction_rank,
+    online_rank_fraction,
+    output_effective_rank,
+    output_lrae,
     rank_levels,
     solve_rank_dp,
 )
@@ -139,8 +140,8 @@ __all__ += [
     "specdrop_merge", "specdrop_weights", "topk_routing",
 ]
 __all__ += [
-    "break_even_rank", "factored_macs", "lrae_data", "lrae_spectrum", "online_rank", "online_threshold",
-    "output_change", "rank_levels", "solve_rank_dp",
+    "break_even_rank", "factored_macs", "lrae_data", "lrae_spectrum", "fraction_rank", "online_rank_fraction",
+    "output_effective_rank", "output_lrae", "rank_levels", "solve_rank_dp",
 ]
 __all__ += ["GradientCosine", "gradient_cosine", "SurfaceReport", "saved_surface", "SavedTensorCounter",
             "measure_saved_bytes", "compress_activation", "decompress_activation", "gradient_bridge", "stac_r_linear"]

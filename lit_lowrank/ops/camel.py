@@ -125,6 +125,59 @@ def classification_loss(target: int) -> LossFn:
     return loss
 
 
+def alignment_loss(target: int) -> LossFn:
+    """A ``loss_fn`` for CLIP-like Appraisers: ``1 − mean cos(image, text_target)`` under the adapted text side.
+
+    Unlike :func:`classification_loss` it does not score the class *against the other classes*: L₀
+    is high when the samples lie far from the prompt's text embedding (unfamiliar), L_K low when a
+    few adapter steps move that embedding onto the held-out samples (learnable, i.e. the samples
+    are consistent) — and neither rewards the samples for being classified as another class, so
+    a concept can be unfamiliar while CLIP still recognises its class (keep that with
+    :func:`recognition_hinge` in the Creator's objective). The appraiser must accept
+    ``scaled=False`` and return cosines (:class:`~lit_lowrank.models.clip_appraiser.CLIPAppraiser`).
+
+    .. code-block:: python
+
+        out = camel_reward(clip_appraiser, clip_appraiser.adapter_params(), feats_train, feats_heldout,
+                           steps=3, lr=1.0, loss_fn=alignment_loss(target=3))
+    """
+    if target < 0:
+        raise ValueError(f"`target`={target}, expected a class index >= 0.")
+
+    def loss(appraiser: nn.Module, params: Params, x: Tensor) -> Tensor:
+        cosines = functional_call(appraiser, params, (x,), {"scaled": False})
+        if target >= cosines.shape[-1]:
+            raise ValueError(f"`target`={target} but the appraiser scores {cosines.shape[-1]} classes.")
+        return 1.0 - cosines[:, target].mean()
+
+    return loss
+
+
+def recognition_hinge(logits: Tensor, target: Tensor | int, margin: float = 1.0) -> Tensor:
+    """Per-sample hinge ``max(0, margin − (logit_c − max_{k≠c} logit_k))`` of an off-the-shelf recogniser.
+
+    Zero once a sample is classified as its class ``c`` with ``margin`` to spare, so adding it to the
+    Creator's loss keeps the concept recognisable without pulling it back towards the familiar
+    class mode (what the Appraiser's L₀ rewards leaving).
+
+    Args:
+        logits: ``(N, K)`` class scores.
+        target: the class ``c`` of every sample (int) or ``(N,)`` classes.
+        margin: the logit margin required, ``>= 0``.
+
+    Returns:
+        ``(N,)`` hinge values.
+    """
+    if logits.dim() != 2:
+        raise ValueError(f"`logits` must be (N, K), got shape {tuple(logits.shape)}.")
+    if margin < 0:
+        raise ValueError(f"`margin`={margin}, expected >= 0.")
+    target = torch.as_tensor(target, device=logits.device).expand(logits.shape[0]).long()
+    own = logits.gather(1, target[:, None]).squeeze(1)
+    others = logits.scatter(1, target[:, None], float("-inf")).amax(1)
+    return F.relu(margin - (own - others))
+
+
 def adapt_appraiser(
     appraiser: nn.Module,
     params: Params,

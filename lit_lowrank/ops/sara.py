@@ -13,15 +13,17 @@ no Lightning); :class:`~lit_lowrank.ops.svd_linear.SVDLinear` is the layer and
 - **SARA-DP**: a multiple-choice knapsack over (step, block) groups — minimise the sum
   of per-group errors under a total MACs budget — solved exactly by dynamic programming
   on a cost grid (costs rounded *up* to the grid, so the real budget always holds).
-- **SARA-Online**: per step a threshold ``τ_t = τ · min(1, Δ_ref / Δ_t)`` from the relative change
-  ``Δ_t = ‖ô_{t-1} − ô_{t-2}‖ / ‖ô_{t-1}‖`` of the denoiser output (``Δ_ref``: the run's first
-  change); each layer takes the smallest rank whose spectrum LRAE is ``≤ τ_t · √(its MACs share)``.
+- **SARA-Online**: the abstract's premise is that the effective rank of the denoiser *output* varies
+  across steps. Per step, the closed-form LRAE of the previous output's own spectrum (each sample's
+  output as a matrix) gives the smallest rank fraction ``ρ_t`` that represents it to relative error
+  ``τ``; every factored layer runs at ``⌈ρ_t · min(m, n)⌉`` (:func:`online_rank_fraction`).
 
 .. code-block:: python
 
     from lit_lowrank.ops.sara import lrae_spectrum, solve_rank_dp
 
     lrae_spectrum(singular_values(weight), torch.tensor([8, 16, 32]))   # (3,)
+    rho = online_rank_fraction(previous_output, tau=0.3)                # SARA-Online's step fraction
     choice = solve_rank_dp(errors, costs, budget=0.6 * costs[:, -1].sum())  # (G,) level per group
 """
 
@@ -35,7 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lit_lowrank.ops.lowrank import rank_for_energy
+from lit_lowrank.ops.lowrank import effective_rank_of
 from lit_lowrank.ops.macs import linear_macs
 
 __all__ = [
@@ -44,9 +46,11 @@ __all__ = [
     "factored_macs",
     "lrae_data",
     "lrae_spectrum",
-    "online_rank",
-    "online_threshold",
-    "output_change",
+    "fraction_rank",
+    "online_rank_fraction",
+    "output_effective_rank",
+    "output_lrae",
+    "output_matrices",
     "rank_levels",
     "solve_rank_dp",
 ]
@@ -130,54 +134,71 @@ def lrae_data(x: Tensor, vh: Tensor, singular: Tensor, ranks: Tensor | Sequence[
     return (tail[ranks] / column.sum().clamp_min(torch.finfo(torch.float64).tiny)).sqrt()
 
 
-def output_change(previous: Tensor | None, before_previous: Tensor | None) -> float | None:
-    """Relative change of the denoiser output over the last step, ``‖ô_{t-1} − ô_{t-2}‖ / ‖ô_{t-1}‖``
-    (``None`` until two outputs exist)."""
-    if previous is None or before_previous is None:
-        return None
-    change = (previous.double() - before_previous.double()).norm()
-    return float(change / previous.double().norm().clamp_min(1e-12))
+def output_matrices(output: Tensor) -> Tensor:
+    """Each sample's denoiser output as a matrix: ``(N, C, H, W) -> (N, C·H, W)``; ``(N, L, D)`` is kept.
 
-
-def online_threshold(change: float | None, reference_change: float | None, scale: float) -> float | None:
-    """SARA-Online's step threshold ``τ_t = scale · min(1, Δ_ref / Δ_t)``; ``None`` (full rank) until a
-    change is known.
-
-    ``Δ_t`` is :func:`output_change` before step ``t`` and ``Δ_ref`` the run's first change (between
-    two full-rank outputs). The tolerated truncation error shrinks when the prediction moves faster
-    than it did at the start: a quickly changing output marks the denoiser's sensitive phase, where
-    truncation errors reach the sample undamped. The cap at ``scale`` makes the rule conservative
-    about its own perturbation: a jump of the output caused by truncating one step can only raise the
-    next step's rank, never lower it (no runaway feedback). ``τ_t`` is monotone in ``scale``.
+    The rows of an image output are its channel rows, the columns its pixel columns; a token
+    output (``(N, L, D)``, e.g. an audio or sequence DiT) is already a matrix per sample.
     """
-    if scale < 0:
-        raise ValueError(f"`threshold` must be >= 0, got {scale!r}.")
-    if change is None or reference_change is None:
-        return None
-    return float(scale * min(1.0, reference_change / max(change, 1e-12)))
+    if output.dim() == 4:
+        return output.flatten(1, 2)
+    if output.dim() == 3:
+        return output
+    raise ValueError(f"`output` must be (N, C, H, W) or (N, L, D), got shape {tuple(output.shape)}.")
 
 
-def online_rank(singular: Tensor, tau: float | None, out_features: int, in_features: int,
-                cost_share: float = 1.0) -> int | None:
-    """Smallest rank whose spectrum LRAE is ``≤ tau · √cost_share``, or ``None`` (dense) when that rank
-    saves no MACs.
+def output_lrae(output: Tensor) -> Tensor:
+    """Spectrum LRAE of each sample's output matrix at every rank: ``(N, k + 1)``, column ``r`` = rank ``r``.
 
-    ``LRAE(r) ≤ τ`` ⇔ the leading ``r`` values keep ``1 − τ²`` of ``Σ σ²``, so the rank is
-    :func:`~lit_lowrank.ops.lowrank.rank_for_energy` at energy ``1 − τ²``; it is monotone
-    non-increasing in ``tau``. ``cost_share`` (the layer's dense MACs over the largest layer's, in
-    ``(0, 1]``) scales the tolerance with what truncating the layer can save: per-sample conditioning
-    layers (timestep embedding, adaLN modulation) cost little and reach every token, so they stay
-    near full rank — the allocation SARA-DP finds by measurement.
+    ``√(Σ_{i>r} s_i² / Σ s_i²)`` with ``s`` the singular values of :func:`output_matrices` (float64;
+    column 0 is 1, column ``k`` is 0). This is the closed-form LRAE of SARA-Online: how much of the
+    output a rank-``r`` approximation misses.
     """
-    if not 0 < cost_share <= 1:
-        raise ValueError(f"`cost_share` must be in (0, 1], got {cost_share!r}.")
-    if tau is None or tau <= 0:
-        return None
-    tau = tau * cost_share ** 0.5
-    if tau >= 1:
-        return 1
-    rank = int(rank_for_energy(singular, 1.0 - tau * tau))
-    return None if rank >= break_even_rank(out_features, in_features) else rank
+    s = torch.linalg.svdvals(output_matrices(output).double())
+    power = s.pow(2)
+    tail = torch.cat([power.flip(-1).cumsum(-1).flip(-1), power.new_zeros(power.shape[0], 1)], dim=-1)
+    return (tail / power.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)).sqrt()
+
+
+def output_effective_rank(output: Tensor) -> Tensor:
+    """Effective rank (Roy & Vetterli, ``exp`` of the entropy of ``σ / Σσ``) of each sample's output
+    matrix as a fraction of its full rank ``k``: ``(N,)`` in ``(0, 1]`` (0 for an all-zero output)."""
+    matrices = output_matrices(output).double()
+    k = min(matrices.shape[-2:])
+    return effective_rank_of(matrices) / k
+
+
+def online_rank_fraction(output: Tensor, tau: float) -> float:
+    """SARA-Online's rank fraction for the next step: the smallest ``ρ = r / k`` at which the batch-mean
+    :func:`output_lrae` of the denoiser output is ``≤ tau``, with ``r`` interpolated linearly between
+    integer ranks (so ``ρ`` moves continuously with ``tau``).
+
+    A low-rank output (e.g. the smooth, coarse predictions of the noisy steps) gives a small ``ρ``;
+    a detailed one a large ``ρ``. ``ρ`` is monotone non-increasing in ``tau``: 1 at ``tau = 0``,
+    0 at ``tau >= 1`` (the layers then run at rank 1).
+
+    Args:
+        output: the denoiser output of the previous step, ``(N, C, H, W)`` or ``(N, L, D)``.
+        tau: tolerated relative truncation error of the output, ``>= 0``.
+    """
+    if tau < 0:
+        raise ValueError(f"`threshold`={tau!r}, expected >= 0.")
+    curve = output_lrae(output).mean(0)  # (k + 1,), decreasing from 1 to 0
+    k = curve.numel() - 1
+    below = torch.nonzero(curve <= tau).flatten()
+    r = int(below[0])
+    if r == 0:
+        return 0.0
+    hi, lo = float(curve[r - 1]), float(curve[r])
+    crossing = (r - 1) + (hi - tau) / max(hi - lo, 1e-12)
+    return float(min(1.0, max(0.0, crossing / k)))
+
+
+def fraction_rank(fraction: float, full_rank: int) -> int:
+    """``max(1, ⌈fraction · full_rank⌉)``, capped at ``full_rank``: a layer's rank at a rank fraction."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"`fraction`={fraction!r}, expected a value in [0, 1].")
+    return int(min(full_rank, max(1, math.ceil(fraction * full_rank - 1e-9))))
 
 
 def solve_rank_dp(errors: Tensor | np.ndarray, costs: Tensor | np.ndarray, budget: float,

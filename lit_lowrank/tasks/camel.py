@@ -26,12 +26,20 @@ from lit_lowrank.core.logging import log_method
 from lit_lowrank.core.loss_hooks import apply_loss_hooks
 from lit_lowrank.models.autoencoder import MLPAutoencoder
 from lit_lowrank.models.clip_appraiser import CLIPAppraiser
-from lit_lowrank.ops.camel import camel_reward, classification_loss, ddim_sample, reconstruction_loss
+from lit_lowrank.ops.camel import (
+    alignment_loss,
+    camel_reward,
+    classification_loss,
+    ddim_sample,
+    recognition_hinge,
+    reconstruction_loss,
+)
 from lit_lowrank.tasks.base import TaskModule
 from lit_lowrank.tasks.diffusion import DiffusionModule
 
 OBJECTIVES = ("camel", "novelty", "familiarity")
 APPRAISERS = ("autoencoder", "clip")
+CLIP_LOSSES = ("alignment", "classification")
 
 
 class CAMELModule(TaskModule):
@@ -46,6 +54,12 @@ class CAMELModule(TaskModule):
     - ``"camel"``: R = L(φ₀; X') − L(φ_K; X') (unfamiliar yet learnable);
     - ``"novelty"``: L(φ₀; X') only (baseline: unfamiliar);
     - ``"familiarity"``: −L(φ₀; X') (baseline: familiar).
+
+    With ``recognition_weight > 0`` every objective adds ``recognition_weight ×`` the mean
+    :func:`~lit_lowrank.ops.camel.recognition_hinge` of a frozen recogniser on the concept's samples
+    (``recognizer``: any module mapping images to class logits; with a CLIP Appraiser, by default
+    CLIP's own zero-shot logits at φ₀): the paper's concepts stay "recognizable as the prompt's class
+    to an off-the-shelf observer", which the Appraiser's unfamiliarity term alone does not ask for.
 
     After each step a concept is projected into the trust region
     ‖z − e_c‖ ≤ ``max_shift``·‖e_c‖ (**decide**: the paper bounds the search implicitly; an
@@ -65,6 +79,11 @@ class CAMELModule(TaskModule):
         clip_rank / clip_alpha: LoRA rank and α of the text-projection adapter.
         clip_data_mean / clip_data_std: per-channel statistics the data (and so the Creator's samples)
             are normalised with, undone before CLIP's own preprocessing (default: data in [-1, 1]).
+        clip_loss: the CLIP Appraiser's inner loss: ``"alignment"`` (``1 − cos`` to the prompt's text
+            embedding, :func:`~lit_lowrank.ops.camel.alignment_loss`; the default) or ``"classification"``
+            (zero-shot cross-entropy against the prompt class; its L₀ rewards CLIP *not* recognising the class).
+        recognizer: a frozen module mapping Creator images ``(N, C, H, W)`` to class logits ``(N, num_classes)``.
+        recognition_weight / recognition_margin: weight and logit margin of the recognition hinge (0 = off).
         concept_classes: prompt class of each concept (default: every class).
         objective: ``"camel"``, ``"novelty"`` or ``"familiarity"``.
         inner_steps / inner_lr: K and the SGD step of the Appraiser's inner loop.
@@ -98,6 +117,10 @@ class CAMELModule(TaskModule):
         clip_alpha: float = 8.0,
         clip_data_mean: list[float] | None = None,
         clip_data_std: list[float] | None = None,
+        clip_loss: Literal["alignment", "classification"] = "alignment",
+        recognizer: nn.Module | None = None,
+        recognition_weight: float = 0.0,
+        recognition_margin: float = 1.0,
         concept_classes: list[int] | None = None,
         objective: Literal["camel", "novelty", "familiarity"] = "camel",
         inner_steps: int = 3,
@@ -116,7 +139,7 @@ class CAMELModule(TaskModule):
         lr_scheduler_interval: str = "epoch",
     ) -> None:
         super().__init__(optimizer, lr_scheduler, lr_scheduler_interval)
-        self.save_hyperparameters(ignore=["creator", "appraiser", "optimizer", "lr_scheduler"])
+        self.save_hyperparameters(ignore=["creator", "appraiser", "recognizer", "optimizer", "lr_scheduler"])
         if isinstance(appraiser, str):  # a named Appraiser is rebuilt by load_from_checkpoint; a module is not saved
             self.hparams["appraiser"] = appraiser
         if objective not in OBJECTIVES:
@@ -128,6 +151,11 @@ class CAMELModule(TaskModule):
                 raise ValueError(f"`{name}`={value}, expected >= {low}.")
         if max_shift is not None and max_shift <= 0:
             raise ValueError(f"`max_shift`={max_shift}, expected > 0 or None.")
+        if clip_loss not in CLIP_LOSSES:
+            raise ValueError(f"`clip_loss`={clip_loss!r}, expected one of {CLIP_LOSSES}.")
+        if recognition_weight < 0 or recognition_margin < 0:
+            raise ValueError(f"`recognition_weight`={recognition_weight} and `recognition_margin`={recognition_margin}: "
+                             "expected both >= 0.")
         if creator is None:
             creator = DiffusionModule(unet_config=unet_config, num_classes=num_classes)
         if creator_checkpoint is not None:
@@ -164,6 +192,12 @@ class CAMELModule(TaskModule):
         if self.appraiser_kind == "clip" and appraiser.num_prompts != self.num_classes:
             raise ValueError(f"The CLIP appraiser has {appraiser.num_prompts} class prompts, expected one per Creator "
                              f"class ({self.num_classes}).")
+        if recognition_weight > 0 and recognizer is None and self.appraiser_kind != "clip":
+            raise ValueError(f"`recognition_weight`={recognition_weight} needs a `recognizer` (a frozen classifier of the "
+                             "Creator's images); only a CLIP Appraiser brings its own.")
+        self.recognizer = recognizer
+        if recognizer is not None:
+            recognizer.requires_grad_(False)
         classes = list(range(self.num_classes)) if concept_classes is None else [int(c) for c in concept_classes]
         if not classes or any(not 0 <= c < self.num_classes for c in classes):
             raise ValueError(f"`concept_classes`={concept_classes}, expected a non-empty list in [0, {self.num_classes}).")
@@ -219,24 +253,26 @@ class CAMELModule(TaskModule):
     # -- Appraiser -------------------------------------------------------------------
     def objective_terms(self, concepts: Tensor, train_noise: Tensor, heldout_noise: Tensor,
                         first_order: bool | None = None, classes: Tensor | None = None) -> dict[str, Tensor]:
-        """Per-concept ``reward``, ``l0``, ``lk`` ``(M,)`` plus the samples ``x_heldout`` ``(M, n, C, H, W)``.
+        """Per-concept ``reward``, ``l0``, ``lk``, ``recognition`` (mean hinge, 0 without a recogniser)
+        ``(M,)`` plus the samples ``x_heldout`` ``(M, n, C, H, W)``.
 
-        ``classes`` ``(M,)``: each concept's prompt class, the CLIP Appraiser's target
-        (default ``concept_classes``; unused by reconstruction Appraisers).
+        ``classes`` ``(M,)``: each concept's prompt class, the CLIP Appraiser's and the recogniser's
+        target (default ``concept_classes``; unused by reconstruction Appraisers).
         """
         first_order = self.hparams.first_order if first_order is None else first_order
         samples = self.generate(concepts, torch.cat([train_noise, heldout_noise]))
         n_train = train_noise.shape[0]
         x_heldout = samples[:, n_train:]
+        classes = self.concept_classes if classes is None else classes
+        if classes.shape[0] != concepts.shape[0]:
+            raise ValueError(f"`classes` has {classes.shape[0]} entries for {concepts.shape[0]} concepts.")
         if self.appraiser_kind == "clip":
-            classes = self.concept_classes if classes is None else classes
-            if classes.shape[0] != concepts.shape[0]:
-                raise ValueError(f"`classes` has {classes.shape[0]} entries for {concepts.shape[0]} concepts.")
             # The image tower is frozen: embed every sample once (differentiable in the samples) and adapt
             # only the text-projection adapter on the embeddings, instead of re-running the tower K times.
             inputs = self.appraiser.embed_images(samples.flatten(0, 1)).view(*samples.shape[:2], -1)
             phi0 = {k: v.detach() for k, v in self.appraiser.adapter_params().items()}
-            loss_fns = [classification_loss(int(c)) for c in classes]
+            make_loss = alignment_loss if self.hparams.clip_loss == "alignment" else classification_loss
+            loss_fns = [make_loss(int(c)) for c in classes]
         else:
             inputs = samples
             phi0 = {k: v.detach() for k, v in self.appraiser.named_parameters()}
@@ -244,20 +280,40 @@ class CAMELModule(TaskModule):
         terms = [camel_reward(self.appraiser, phi0, inputs[i, :n_train], inputs[i, n_train:], self.hparams.inner_steps,
                               self.hparams.inner_lr, first_order, loss_fns[i]) for i in range(concepts.shape[0])]
         out = {k: torch.stack([t[k] for t in terms]) for k in ("reward", "l0", "lk")}
+        out["recognition"] = self._recognition(samples, inputs, classes)
         out["x_heldout"] = x_heldout
         return out
 
+    def _recognition(self, samples: Tensor, inputs: Tensor, classes: Tensor) -> Tensor:
+        """Mean recognition hinge per concept ``(M,)`` over all its samples (zeros when off)."""
+        m, n = samples.shape[:2]
+        if self.hparams.recognition_weight == 0:
+            return samples.new_zeros(m)
+        if self.recognizer is not None:
+            logits = self.recognizer(samples.flatten(0, 1))
+        else:  # CLIP's own zero-shot logits at φ₀ on the embedded samples
+            logits = self.appraiser(inputs.flatten(0, 1))
+        hinge = recognition_hinge(logits, classes.repeat_interleave(n), self.hparams.recognition_margin)
+        return hinge.view(m, n).mean(1)
+
     def outer_loss(self, terms: dict[str, Tensor]) -> Tensor:
-        """The Creator's loss for ``objective``: −R (camel), −L₀ (novelty) or +L₀ (familiarity)."""
+        """The Creator's loss for ``objective``: −R (camel), −L₀ (novelty) or +L₀ (familiarity), plus
+        ``recognition_weight ×`` the recognition hinge (the same for every objective)."""
         if self.objective == "camel":
-            return -terms["reward"].mean()
-        return -terms["l0"].mean() if self.objective == "novelty" else terms["l0"].mean()
+            loss = -terms["reward"].mean()
+        else:
+            loss = -terms["l0"].mean() if self.objective == "novelty" else terms["l0"].mean()
+        if self.hparams.recognition_weight > 0:
+            loss = loss + self.hparams.recognition_weight * terms["recognition"].mean()
+        return loss
 
     # -- concepts --------------------------------------------------------------------
     def start_concepts(self) -> None:
         """Freeze Creator and Appraiser and initialise each concept at its class embedding (once)."""
         self.creator.requires_grad_(False)
         self.appraiser.requires_grad_(False)
+        if self.recognizer is not None:
+            self.recognizer.requires_grad_(False)
         if bool(self.initialised):
             return
         with torch.no_grad():
@@ -279,7 +335,8 @@ class CAMELModule(TaskModule):
     # -- Lightning -------------------------------------------------------------------
     def configure_optimizers(self) -> Any:
         # A CLIP Appraiser is pretrained and frozen (its adapter is only ever adapted functionally).
-        skip = ("concepts",) if self.appraiser_kind == "autoencoder" else ("concepts", "appraiser.")
+        skip = ("concepts", "recognizer.") if self.appraiser_kind == "autoencoder" else ("concepts", "appraiser.",
+                                                                                      "recognizer.")
         others = [p for n, p in self.named_parameters() if not n.startswith(skip)]
         groups = [{"params": [self.concepts], "lr": self.hparams.concept_lr, "weight_decay": 0.0}]
         # The Creator/Appraiser group exists iff there is a warm-up, so resumed runs see the same groups.

@@ -1,4 +1,5 @@
 import lightning.pytorch as pl
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -153,3 +154,70 @@ def test_unet_convs_are_factored_exact_at_full_rank_and_restored():
     assert not torch.equal(truncated, before)
     assert all(module.model.get_submodule(n) is m for n, m in convs.items())
     assert torch.equal(_sample(module, n=2, steps=2), before)
+
+
+def test_online_reads_the_previous_output_spectrum_and_replays_as_fractions():
+    from lit_lowrank.ops.sara import fraction_rank, online_rank_fraction
+
+    module = _module()
+    seen = []
+
+    def signal(output, args, kwargs):  # record what the rule reads: the output itself by default
+        seen.append(output.clone())
+        return output
+
+    with SARAController(module.model, step_source=lambda: module.current_step_index, signal=signal) as c:
+        c.set_online(0.3)
+        online = _sample(module, n=4, steps=4)
+        fractions = list(c.step_fractions)
+        assert len(fractions) == 4 and fractions[0] == 1.0  # no previous output: the first step is dense
+        for step in range(1, 4):  # each step's fraction comes from the previous step's output
+            assert fractions[step] == pytest.approx(online_rank_fraction(seen[step - 1], 0.3))
+            assert fractions[step] < 1.0
+            assert all(c.step_ranks[step][n] == fraction_rank(fractions[step], c.layers[n].full_rank)
+                       for n in c.layers)
+        # the same fractions as a fixed schedule reproduce the online run exactly
+        c.set_fractions(fractions)
+        c.reset_macs()
+        assert torch.equal(_sample(module, n=4, steps=4), online)
+        with pytest.raises(ValueError, match="fraction schedule"):
+            _sample(module, n=4, steps=5)
+        with pytest.raises(ValueError, match="fractions"):
+            c.set_fractions([1.2])
+
+
+def test_exclude_keeps_conditioning_layers_dense():
+    from lit_lowrank.callbacks.sara_controller import CONDITIONING_LAYERS
+
+    module = _module(unet=True)
+    names = {n for n, m in module.model.named_modules() if isinstance(m, nn.Linear)}
+    with SARAController(module.model, exclude=CONDITIONING_LAYERS) as c:
+        kept = names - set(c.layers)
+        assert kept and all("time_emb" in n for n in kept)  # the UNet's timestep embedder / projections
+        assert set(c.layers) and not any("time_emb" in n for n in c.layers)
+
+
+def test_dp_weights_each_steps_errors_by_its_measured_propagation_gain():
+    module = _module()
+    run = lambda: _sample(module, n=2, steps=3, seed=5)  # noqa: E731
+    reference = run()
+    with SARAController(module.model, step_source=lambda: module.current_step_index) as c:
+        c.calibrate(run, budget=0.5, propagate=False)
+        assert np.array_equal(c.step_gains, np.ones(3))
+        unweighted = c.calibration_errors.copy()
+        c.calibrate(run, budget=0.5, probe=0.25)
+        gains = c.step_gains
+        assert gains.shape == (3,) and (gains > 0).all() and not np.allclose(gains, 1.0)
+        np.testing.assert_allclose(c.output_errors, unweighted)
+        np.testing.assert_allclose(c.calibration_errors, unweighted * gains[:, None, None])
+        # the probe of the last step is a run with only that step truncated: its gain is the final error
+        # of such a run over that step's output error, both positive
+        c.set_fractions([1.0, 1.0, 0.25])
+        c.reset_macs()
+        probed = run()
+        assert float((probed - reference).norm()) > 0
+        with pytest.raises(ValueError, match="tensor"):
+            c.calibrate(lambda: run().tolist(), budget=0.5)
+        with pytest.raises(ValueError, match="probe"):
+            c.calibrate(run, budget=0.5, probe=1.0)
+    assert torch.equal(run(), reference)  # probes leave nothing behind

@@ -147,3 +147,21 @@ def test_from_pretrained_loads_a_local_clip_and_tokenises_the_prompts(tmp_path):
     assert appraiser.num_prompts == 3
     assert len(appraiser.adapter_params()) == 2
     assert appraiser(torch.zeros(2, 1, 8, 8)).shape == (2, 3)
+
+
+def test_alignment_loss_is_one_minus_the_prompt_cosine_and_adapting_lowers_it():
+    from lit_lowrank.ops.camel import alignment_loss
+
+    appraiser = _appraiser()
+    x = torch.randn(6, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        feats = appraiser.embed_images(x)
+        cosines = appraiser(feats, scaled=False)
+        torch.testing.assert_close(appraiser(feats), appraiser.clip.logit_scale.exp() * cosines)
+    phi0 = {k: v.detach() for k, v in appraiser.adapter_params().items()}
+    loss_fn = alignment_loss(target=1)
+    assert float(loss_fn(appraiser, phi0, feats)) == pytest.approx(float(1 - cosines[:, 1].mean()), abs=1e-6)
+    adapted = adapt_appraiser(appraiser, phi0, feats, steps=3, lr=1.0, loss_fn=loss_fn)
+    assert float(loss_fn(appraiser, adapted, feats)) < float(loss_fn(appraiser, phi0, feats))
+    with pytest.raises(ValueError, match="target"):
+        alignment_loss(target=-1)

@@ -162,3 +162,18 @@ def test_basin_distance():
     torch.testing.assert_close(basin_distance(samples, bank), torch.tensor([1.0, 0.0, 5.0]))
     with pytest.raises(ValueError, match="trailing shape"):
         basin_distance(samples, torch.zeros(2, 3))
+
+
+def test_recognition_hinge_is_zero_once_recognised_with_margin():
+    from lit_lowrank.ops.camel import recognition_hinge
+
+    logits = torch.tensor([[3.0, 0.0, 1.0], [0.0, 2.0, 1.5], [1.0, 1.0, 0.0]])
+    hinge = recognition_hinge(logits, torch.tensor([0, 1, 2]), margin=1.0)
+    # margins logit_c - max_other: 2.0, 0.5, -1.0 -> hinge max(0, 1 - margin)
+    torch.testing.assert_close(hinge, torch.tensor([0.0, 0.5, 2.0]))
+    torch.testing.assert_close(recognition_hinge(logits, 0, margin=0.0), torch.tensor([0.0, 2.0, 0.0]))
+    logits.requires_grad_(True)
+    recognition_hinge(logits, 1, margin=1.0).sum().backward()
+    assert logits.grad[1].tolist() == [0.0, -1.0, 1.0]  # pushes the own logit up, the best rival down
+    with pytest.raises(ValueError, match="margin"):
+        recognition_hinge(logits, 0, margin=-1.0)

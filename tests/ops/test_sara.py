@@ -9,9 +9,11 @@ from lit_lowrank.ops.sara import (
     factored_macs,
     lrae_data,
     lrae_spectrum,
-    online_rank,
-    online_threshold,
-    output_change,
+    fraction_rank,
+    online_rank_fraction,
+    output_effective_rank,
+    output_lrae,
+    output_matrices,
     rank_levels,
     solve_rank_dp,
 )
@@ -97,38 +99,48 @@ def test_dp_refuses_an_infeasible_budget():
         solve_rank_dp(np.zeros((2, 2)), np.array([[5, 10], [5, 10]]), 9.0)
 
 
-def test_online_rank_is_monotone_in_the_threshold():
-    s = singular_values(_weight(32, 32, seed=3))
-    taus = [0.0, 0.05, 0.1, 0.2, 0.4, 0.6, 0.9, 1.5]
-    ranks = [online_rank(s, t, 32, 32) for t in taus]
-    as_int = [32 if r is None else r for r in ranks]
-    assert all(a >= b for a, b in zip(as_int, as_int[1:]))
-    assert ranks[0] is None and ranks[-1] == 1
-    for t, r in zip(taus[1:-1], ranks[1:-1]):
-        if r is not None:  # the chosen rank meets the threshold and one rank less does not
-            assert float(lrae_spectrum(s, [r])[0]) <= t + 1e-9
-            assert r == 1 or float(lrae_spectrum(s, [r - 1])[0]) > t
+def _low_rank_outputs(n=5, rank=2, rows=8, cols=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, rows, rank, generator=g, dtype=torch.float64)
+            @ torch.randn(n, rank, cols, generator=g, dtype=torch.float64)).unsqueeze(1)  # (N, 1, H, W)
 
 
-def test_online_rank_tolerance_scales_with_the_cost_share():
-    s = singular_values(_weight(32, 32, seed=4))
-    full = [online_rank(s, 0.5, 32, 32, cost_share=c) for c in (1.0, 0.25, 0.01)]
-    as_int = [32 if r is None else r for r in full]
-    assert as_int == sorted(as_int)  # cheaper layers keep more rank
-    assert online_rank(s, 0.5, 32, 32, cost_share=0.25) == online_rank(s, 0.25, 32, 32)
-    with pytest.raises(ValueError, match="cost_share"):
-        online_rank(s, 0.5, 32, 32, cost_share=0.0)
+def test_output_lrae_is_each_samples_relative_truncation_error():
+    out = torch.randn(3, 2, 4, 6, dtype=torch.float64)
+    curve = output_lrae(out)
+    assert curve.shape == (3, 7)  # (C·H = 8) x 6 matrices: ranks 0..6
+    for i in range(3):
+        m = output_matrices(out)[i]
+        for r in (0, 2, 5, 6):
+            direct = (m - low_rank_approx(m, r)).norm() / m.norm() if r else torch.tensor(1.0)
+            assert float(curve[i, r]) == pytest.approx(float(direct), abs=1e-10)
+    with pytest.raises(ValueError, match="output"):
+        output_lrae(torch.randn(4, 5))
 
 
-def test_online_threshold_from_output_change():
-    a, b = torch.ones(4) * 2, torch.ones(4) * 1.5
-    assert output_change(None, b) is None
-    assert output_change(a, b) == pytest.approx(0.25)
-    assert online_threshold(None, None, 1.0) is None  # no history: full rank
-    assert online_threshold(0.1, 0.1, 0.7) == pytest.approx(0.7)
-    assert online_threshold(0.4, 0.1, 0.8) == pytest.approx(0.2)  # output moves 4x faster: 4x less tolerance
-    assert online_threshold(0.05, 0.1, 0.8) == pytest.approx(0.8)  # capped at the scale
-    taus = [online_threshold(0.3, 0.1, s) for s in (0.1, 0.5, 1.0)]
-    assert taus == sorted(taus)
+def test_online_rank_fraction_reads_the_output_rank_and_is_monotone_in_tau():
+    low = _low_rank_outputs(rank=2)
+    # a rank-2 output is represented exactly at 2 of 8: any tiny tolerance stops there
+    assert online_rank_fraction(low, 1e-9) == pytest.approx(2 / 8, abs=1e-6)
+    assert online_rank_fraction(_low_rank_outputs(rank=6), 1e-9) == pytest.approx(6 / 8, abs=1e-6)
+    full = torch.randn(4, 1, 8, 8, dtype=torch.float64)
+    taus = [0.0, 0.05, 0.2, 0.4, 0.7, 0.99, 1.0, 2.0]
+    fractions = [online_rank_fraction(full, t) for t in taus]
+    assert fractions[0] == 1.0 and fractions[-1] == 0.0
+    assert all(a >= b for a, b in zip(fractions, fractions[1:]))
+    # interpolation: the batch-mean LRAE at the fractional rank equals tau
+    curve = output_lrae(full).mean(0).numpy()
+    for t, f in zip(taus[1:5], fractions[1:5]):
+        assert np.interp(f * 8, np.arange(9), curve) == pytest.approx(t, abs=1e-9)
     with pytest.raises(ValueError, match="threshold"):
-        online_threshold(0.1, 0.1, -1.0)
+        online_rank_fraction(full, -0.1)
+
+
+def test_output_effective_rank_and_fraction_rank():
+    assert output_effective_rank(_low_rank_outputs(rank=1)).tolist() == pytest.approx([1 / 8] * 5)
+    eye = torch.eye(8, dtype=torch.float64).expand(2, 1, 8, 8)
+    assert output_effective_rank(eye).tolist() == pytest.approx([1.0, 1.0])
+    assert fraction_rank(0.25, 64) == 16 and fraction_rank(0.26, 64) == 17
+    assert fraction_rank(0.0, 64) == 1 and fraction_rank(1.0, 64) == 64
+    with pytest.raises(ValueError, match="fraction"):
+        fraction_rank(1.5, 8)

@@ -164,3 +164,34 @@ def test_clip_appraiser_by_name_needs_a_local_clip_path(tmp_path):
     rebuilt = CAMELModule(**model.hparams)
     rebuilt.load_state_dict(model.state_dict())
     assert rebuilt.appraiser_kind == "clip"
+
+
+def test_recognition_guard_enters_every_objective_and_needs_a_recognizer():
+    from torch import nn
+
+    recognizer = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+    model = _module(recognizer=recognizer, recognition_weight=2.0, recognition_margin=5.0)
+    model.start_concepts()
+    terms = model.objective_terms(model.concepts, model.train_noise, model.heldout_noise)
+    assert terms["recognition"].shape == (2,) and (terms["recognition"] > 0).all()
+    for objective in ("camel", "novelty", "familiarity"):
+        model.objective = objective
+        unguarded = {"camel": -terms["reward"], "novelty": -terms["l0"], "familiarity": terms["l0"]}[objective]
+        torch.testing.assert_close(model.outer_loss(terms), unguarded.mean() + 2.0 * terms["recognition"].mean())
+    model.outer_loss(terms).backward()
+    assert model.concepts.grad is not None and all(p.grad is None for p in recognizer.parameters())
+    assert not any(p.requires_grad for p in recognizer.parameters())
+    with pytest.raises(ValueError, match="recognizer"):
+        _module(recognition_weight=1.0)
+    with pytest.raises(ValueError, match="clip_loss"):
+        _module(clip_loss="contrastive")
+
+
+def test_clip_appraiser_guard_uses_clips_own_zero_shot_logits():
+    model = _clip_module(recognition_weight=1.0, recognition_margin=100.0)
+    assert model.hparams.clip_loss == "alignment"
+    model.start_concepts()
+    terms = model.objective_terms(model.concepts, model.train_noise, model.heldout_noise)
+    assert (terms["recognition"] > 0).all()
+    model.outer_loss(terms).backward()
+    assert torch.isfinite(model.concepts.grad).all() and model.concepts.grad.abs().sum() > 0
