@@ -383,7 +383,7 @@ def apply_checkpointing(model: nn.Module, target: str | Sequence[str]) -> list[s
 
     .. code-block:: python
 
-        names = apply_checkpointing(lm, target=r"layers\.\d+$")   # every GPT-NeoX block
+        names = apply_checkpointing(lm, target=r"layers\\.\\d+$")   # every GPT-NeoX block
     """
     names = []
     for name, module in find_modules(model, target):
@@ -424,8 +424,8 @@ def galore_param_groups(model: nn.Module, target: str | Sequence[str] | None = N
 
         from galore_torch import GaLoreAdamW
 
-        layers = apply_stac_r(lm, target=r"layers\.", rank=16)
-        opt = GaLoreAdamW(galore_param_groups(lm, target=r"layers\.", rank=16), lr=2e-3)
+        layers = apply_stac_r(lm, target=r"layers\\.", rank=16)
+        opt = GaLoreAdamW(galore_param_groups(lm, target=r"layers\\.", rank=16), lr=2e-3)
     """
     if not isinstance(rank, int) or rank < 1:
         raise ValueError(f"`rank`={rank!r}, expected a positive integer.")
