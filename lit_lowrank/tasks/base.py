@@ -100,7 +100,7 @@ class TaskModule(pl.LightningModule):
         counts = self.trainer.strategy.reduce(counts.to(self.device).float(), reduce_op="sum").cpu()
         rates = counts / counts.sum(1, keepdim=True).clamp_min(1)
         labels = [str(i) for i in range(counts.shape[0])]
-        fig, ax = new_figure(1.0 + 0.45 * len(labels), 0.6 + 0.4 * len(labels))
+        fig, ax = new_figure(max(3.6, 1.0 + 0.45 * len(labels)), max(2.8, 0.6 + 0.4 * len(labels)))
         heatmap(ax, rates.numpy(), labels, labels, xlabel="predicted", ylabel="true",
                 title=f"validation confusion, epoch {self.current_epoch}", colorbar_label="fraction of the row")
         log_figure(self.trainer, key, fig)
