@@ -11,12 +11,10 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import warnings
 from typing import Any
-
-import lightning.pytorch as pl
-from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
 EXTRA_COMMANDS = """extra commands:
   bench NAME [--quick] [--json PATH] [--seed N] [--strict]   run a method's benchmark (`bench --list`)
@@ -24,51 +22,16 @@ EXTRA_COMMANDS = """extra commands:
   methods [--markdown]                             print the method registry as a table
 """
 
-
-def _import_components() -> None:
-    """Import our modules so short class names (``ClassificationModule``,
-    ``DigitsDataModule``, every callback) resolve in YAML configs."""
-    import importlib
-
-    # submodules explicitly: jsonargparse resolves short names among *imported* subclasses
-    for name in ("callbacks", "tasks", "datamodules.images", "datamodules.text", "datamodules.graphs",
-                 "datamodules.domain_shift", "quant", "adapters",
-                 "datamodules.prompts", "datamodules.homodyne", "datamodules.mnist", "datamodules.fewshot", "datamodules.replay"):
-        importlib.import_module(f"lit_lowrank.{name}")
+_LIGHTNING_NAMES = ("LitLowRankCLI", "LitLowRankSaveConfig")
 
 
-class LitLowRankSaveConfig(SaveConfigCallback):
-    """Saves ``config.yaml`` in the log dir and, with a ``WandbLogger``, into the W&B run config."""
+def __getattr__(name: str) -> Any:
+    # the LightningCLI classes live in cli_lightning: `methods` and `bench` never import Lightning
+    if name in _LIGHTNING_NAMES:
+        from lit_lowrank import cli_lightning
 
-    def save_config(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
-        from lightning.pytorch.loggers import WandbLogger
-
-        for logger in trainer.loggers:
-            if isinstance(logger, WandbLogger):
-                import yaml
-
-                config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))
-                logger.experiment.config.update({"cli": config}, allow_val_change=True)
-
-
-class LitLowRankCLI(LightningCLI):
-    """LightningCLI with lit_lowrank's defaults.
-
-    ``auto_configure_optimizers=False``: task modules take ``optimizer`` /
-    ``lr_scheduler`` callables, so optimizers are built after callbacks changed the
-    model in ``setup``. Models and datamodules are given by (short) class path.
-    """
-
-    def __init__(self, args: Any = None, run: bool = True, **kwargs: Any) -> None:
-        _import_components()
-        kwargs.setdefault("save_config_callback", LitLowRankSaveConfig)
-        kwargs.setdefault("save_config_kwargs", {"overwrite": True})
-        kwargs.setdefault("parser_kwargs", {"epilog": EXTRA_COMMANDS, "formatter_class": argparse.RawDescriptionHelpFormatter})
-        super().__init__(
-            pl.LightningModule, pl.LightningDataModule,
-            subclass_mode_model=True, subclass_mode_data=True,
-            auto_configure_optimizers=False, args=args, run=run, **kwargs,
-        )
+        return getattr(cli_lightning, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _bench(argv: list[str]) -> int:
@@ -127,14 +90,23 @@ def _methods(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int | None:
     """Entry point of the ``lit-lowrank`` console script."""
+    from_sys = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     # Lightning 2.6 on torch 2.14 warns about a pytree API it still uses; not actionable here.
     warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+    # torch_geometric scripts two NamedTuples with torch.jit.script at import (deprecated in torch 2.10+),
+    # bitsandbytes (imported by PEFT) logs that an optional CPU kernel package is absent: neither is
+    # actionable by a user, and both were printed by every command
+    warnings.filterwarnings("ignore", message=r".*`torch\.jit\.script` is deprecated.*", category=FutureWarning)
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     if argv and argv[0] == "bench":
         return _bench(argv[1:])
     if argv and argv[0] == "methods":
         return _methods(argv[1:])
-    LitLowRankCLI(args=argv)
+    from lit_lowrank.cli_lightning import LitLowRankCLI
+
+    # args=None when the arguments are sys.argv's: LightningCLI warns when given both
+    LitLowRankCLI(args=None if from_sys else argv)
     return None
 
 

@@ -64,3 +64,54 @@ def test_fit_writes_csv_metrics(repo_root, tmp_path):
     metrics = list(tmp_path.rglob("metrics.csv"))
     assert metrics and "val/acc" in metrics[0].read_text().splitlines()[0]
     assert list(tmp_path.rglob("config.yaml"))
+
+
+def _run(code: str) -> str:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-W", "error::DeprecationWarning:lit_lowrank", "-c", code],
+                          capture_output=True, text=True, check=True)
+    return done.stdout + done.stderr
+
+
+def test_methods_and_bench_list_do_not_import_lightning():
+    out = _run("import sys; from lit_lowrank.cli import main; main(['methods']); main(['bench', '--list']); "
+               "print('LOADED', sorted(m for m in ('lightning', 'torch_geometric', 'peft', 'transformers', "
+               "'diffusers') if m in sys.modules))")
+    assert "stac_r" in out and "overhead" in out
+    assert "LOADED []" in out
+
+
+def test_short_names_import_only_the_modules_they_name(repo_root):
+    out = _run("import sys; from lit_lowrank.cli_lightning import import_named_components; "
+               f"print(import_named_components(['fit', '--config', {str(repo_root / 'configs/quickstart.yaml')!r}])); "
+               "print('LOADED', sorted(m for m in ('torch_geometric', 'peft', 'diffusers') if m in sys.modules))")
+    assert "lit_lowrank.tasks.classification" in out and "lit_lowrank.datamodules.images" in out
+    assert "LOADED []" in out
+
+
+def test_component_index_finds_every_config_class(repo_root):
+    import re
+
+    from lit_lowrank.cli_lightning import component_index
+
+    index = component_index()
+    names = {m for path in repo_root.glob("configs/**/*.yaml")
+             for m in re.findall(r"class_path:\s*([A-Za-z_]\w*)\s*$", path.read_text(), re.MULTILINE)}
+    assert names and not names - set(index), names - set(index)
+
+
+def test_config_error_names_the_key_on_its_first_line(capsys, repo_root, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    quick = (repo_root / "configs/quickstart.yaml").read_text()
+    bad.write_text(quick.replace("num_classes: 10", "num_clases: 10"))
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(bad)])
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.startswith("error: model.init_args.num_clases") and "ClassificationModule" in first
+    bad.write_text(quick.replace("ClassificationModule", "ClassificatonModule"))
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(bad)])
+    first = capsys.readouterr().err.splitlines()[0]
+    assert "ClassificatonModule" in first and "did you mean ClassificationModule" in first

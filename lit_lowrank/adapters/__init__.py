@@ -1,27 +1,68 @@
 """Adapter injectors: PEFT-compatible LoRA variants and the AdapterInjector callback (see DESIGN.md)."""
 
-from lit_lowrank.adapters.diagnostics import AdapterDiagnostics
-from lit_lowrank.adapters.injector import (
-    AdapterInjector,
-    adapter_layers,
-    adapter_method,
-    inject_adapters,
-    load_adapters,
-    load_peft_model,
-    merge_adapters,
-    named_adapter_layers,
-    peft_config_for,
-    read_variant_info,
-    save_adapters,
-    write_variant_info,
-)
-from lit_lowrank.adapters.polar import PoLARLandingWarning, PoLARLinear, polar_delta_stable_rank, polar_layers
-from lit_lowrank.adapters.polar_landing import PoLARLanding, apply_landing_, polar_diagnostics, stiefel_factors
-from lit_lowrank.adapters.polar_vbll import AlternatingSchedule, PoLARVBLL, apply_polar_vbll
-from lit_lowrank.adapters.sama import SaMALinear
-from lit_lowrank.adapters.sd_lora import SDLoRA
-from lit_lowrank.adapters.sds_lora import SDSLoraLinear
-from lit_lowrank.adapters.variants import available_variants, get_variant, register_variant, unregister_variant
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lit_lowrank._lazy import lazy_exports
+
+if TYPE_CHECKING:  # static analysers and IDEs see the real names
+    from lit_lowrank.adapters.diagnostics import AdapterDiagnostics
+    from lit_lowrank.adapters.injector import (
+        AdapterInjector,
+        adapter_layers,
+        adapter_method,
+        inject_adapters,
+        load_adapters,
+        load_peft_model,
+        merge_adapters,
+        named_adapter_layers,
+        peft_config_for,
+        read_variant_info,
+        save_adapters,
+        write_variant_info,
+    )
+    from lit_lowrank.adapters.polar import PoLARLandingWarning, PoLARLinear, polar_delta_stable_rank, polar_layers
+    from lit_lowrank.adapters.polar_landing import PoLARLanding, apply_landing_, polar_diagnostics, stiefel_factors
+    from lit_lowrank.adapters.polar_vbll import AlternatingSchedule, PoLARVBLL, apply_polar_vbll
+    from lit_lowrank.adapters.sama import SaMALinear
+    from lit_lowrank.adapters.sd_lora import SDLoRA
+    from lit_lowrank.adapters.sds_lora import SDSLoraLinear
+    from lit_lowrank.adapters.variants import available_variants, get_variant, register_variant, unregister_variant
+
+_EXPORTS = {
+    'AdapterDiagnostics': 'lit_lowrank.adapters.diagnostics',
+    'AdapterInjector': 'lit_lowrank.adapters.injector',
+    'adapter_layers': 'lit_lowrank.adapters.injector',
+    'adapter_method': 'lit_lowrank.adapters.injector',
+    'inject_adapters': 'lit_lowrank.adapters.injector',
+    'load_adapters': 'lit_lowrank.adapters.injector',
+    'load_peft_model': 'lit_lowrank.adapters.injector',
+    'merge_adapters': 'lit_lowrank.adapters.injector',
+    'named_adapter_layers': 'lit_lowrank.adapters.injector',
+    'peft_config_for': 'lit_lowrank.adapters.injector',
+    'read_variant_info': 'lit_lowrank.adapters.injector',
+    'save_adapters': 'lit_lowrank.adapters.injector',
+    'write_variant_info': 'lit_lowrank.adapters.injector',
+    'PoLARLandingWarning': 'lit_lowrank.adapters.polar',
+    'PoLARLinear': 'lit_lowrank.adapters.polar',
+    'polar_delta_stable_rank': 'lit_lowrank.adapters.polar',
+    'polar_layers': 'lit_lowrank.adapters.polar',
+    'PoLARLanding': 'lit_lowrank.adapters.polar_landing',
+    'apply_landing_': 'lit_lowrank.adapters.polar_landing',
+    'polar_diagnostics': 'lit_lowrank.adapters.polar_landing',
+    'stiefel_factors': 'lit_lowrank.adapters.polar_landing',
+    'AlternatingSchedule': 'lit_lowrank.adapters.polar_vbll',
+    'PoLARVBLL': 'lit_lowrank.adapters.polar_vbll',
+    'apply_polar_vbll': 'lit_lowrank.adapters.polar_vbll',
+    'SaMALinear': 'lit_lowrank.adapters.sama',
+    'SDLoRA': 'lit_lowrank.adapters.sd_lora',
+    'SDSLoraLinear': 'lit_lowrank.adapters.sds_lora',
+    'available_variants': 'lit_lowrank.adapters.variants',
+    'get_variant': 'lit_lowrank.adapters.variants',
+    'register_variant': 'lit_lowrank.adapters.variants',
+    'unregister_variant': 'lit_lowrank.adapters.variants',
+}
 
 __all__ = [
     "PoLARLanding", "PoLARLinear", "apply_landing_", "polar_delta_stable_rank", "polar_diagnostics", "polar_layers",
@@ -32,3 +73,5 @@ __all__ = [
     "load_adapters", "load_peft_model", "merge_adapters", "named_adapter_layers", "peft_config_for",
     "read_variant_info", "register_variant", "save_adapters", "unregister_variant", "write_variant_info",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -69,3 +69,18 @@ class CastorDiagnostics(pl.Callback):
                     if value == value:  # skip empty bins (NaN)
                         log_method(pl_module, "castor", f"route_{group}/{primitive}", value,
                                    on_step=False, on_epoch=True, batch_size=1)
+            self._log_route_figure(trainer, routes, by_bin)
+
+    def _log_route_figure(self, trainer: "pl.Trainer", routes: Any, by_bin: Any) -> None:
+        """Dashboard: router mass per hop and primitive, and by node homophily (labelled heatmaps)."""
+        from lit_lowrank.core.figures import figure_due, heatmap, log_figure, new_figure
+
+        if not figure_due(trainer, getattr(self, "figure_every_n_epochs", 1)):
+            return
+        per_hop = routes.mean(1).numpy()  # (K, P)
+        fig, (left, right) = new_figure(9.0, 1.6 + 0.35 * per_hop.shape[0], ncols=2)
+        heatmap(left, per_hop, [f"hop {k}" for k in range(per_hop.shape[0])], list(PRIMITIVES), xlabel="primitive",
+                ylabel="hop", title="Castor router mass per hop", colorbar_label="mean router probability")
+        heatmap(right, by_bin.numpy(), ["heterophilous (h<0.5)", "homophilous (h>=0.5)"], list(PRIMITIVES),
+                xlabel="primitive", title="router mass by node homophily", colorbar_label="mean router probability")
+        log_figure(trainer, "method/castor/router_mass", fig)

@@ -249,6 +249,37 @@ class SafeCut(MethodCallback):
         bad = sum(self.counts[f"miscorrection_weight_{p}"] for p in parts)
         return (good - bad) / (good + bad) if good + bad > 0 else float("nan")
 
+    def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        """Dashboard: the gate's decisions on disagreeing samples and, with labels (evaluation only),
+        the taught labels that fixed vs broke the student, so far in the run."""
+        from lit_lowrank.core.figures import figure_due, log_figure, new_figure
+
+        if not figure_due(trainer, getattr(self, "figure_every_n_epochs", 1)):
+            return
+        c = self.counts
+        fig, (left, right) = new_figure(9.0, 3.4, ncols=2)
+        names, values = ["taught to first", "taught to second", "no exchange"], [c["to_first"], c["to_second"], c["none"]]
+        bars = left.bar(names, values, color=["tab:blue", "tab:orange", "tab:gray"])
+        left.bar_label(bars, labels=[f"{int(v)}" for v in values])
+        left.set(ylabel="disagreeing samples", title=f"SafeCut gate decisions ({self.mode}), to epoch {trainer.current_epoch}")
+        if c["seen"]:
+            import numpy as np
+
+            x = np.arange(2)
+            fixes = [c["corrections"], c["corrections_to_second"]]
+            breaks = [c["miscorrections"], c["miscorrections_to_second"]]
+            b1 = right.bar(x - 0.2, fixes, 0.4, label="fixed (teacher right)", color="tab:green")
+            b2 = right.bar(x + 0.2, breaks, 0.4, label="broke (teacher wrong)", color="tab:red")
+            right.bar_label(b1, labels=[str(int(v)) for v in fixes])
+            right.bar_label(b2, labels=[str(int(v)) for v in breaks])
+            right.set_xticks(x, labels=["into first", "into second"])
+            right.set(ylabel="taught labels", title=f"net correction {self.net_correction():+.2f}")
+            right.legend(fontsize=8)
+        else:
+            right.axis("off")
+            right.text(0.5, 0.5, "no labels: corrections not counted", ha="center", va="center")
+        log_figure(trainer, "method/safecut/gate_decisions", fig)
+
     def on_validation_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any,
                                 batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         if isinstance(batch, dict) and "y" in batch and self.input_key in batch:

@@ -218,6 +218,7 @@ class SARA(MethodCallback):
             fast = self._sample(pl_module, n, noise, labels)
             ratio = controller.macs_ratio()
             self._last_schedule = controller.schedule
+            self._last_samples = (reference[:8].detach().cpu(), fast[:8].detach().cpu())  # the dashboard's grid
         error = float((fast - reference).double().norm() / reference.double().norm().clamp_min(1e-12))
         return ratio, error
 
@@ -226,3 +227,26 @@ class SARA(MethodCallback):
         if schedule is not None:
             levels = np.asarray(self.controller_kwargs["levels"])[schedule]
             self.log_method(pl_module, "mean_rank_fraction", float(levels.mean()), on_step=False, on_epoch=True)
+        self._log_figures(pl_module.trainer)
+
+    def _log_figures(self, trainer: "pl.Trainer") -> None:
+        """Dashboard: the rank schedule (rank fraction per step and block) and full-rank vs SARA samples."""
+        from lit_lowrank.core.figures import figure_due, heatmap, image_grid, log_figure, new_figure
+
+        if not figure_due(trainer, 1):
+            return
+        schedule = getattr(self, "_last_schedule", None)
+        if schedule is not None:
+            levels = np.atleast_2d(np.asarray(self.controller_kwargs["levels"])[np.asarray(schedule)])
+            fig, ax = new_figure(1.5 + 0.5 * levels.shape[1], 1.2 + 0.25 * levels.shape[0])
+            heatmap(ax, levels, [str(t) for t in range(levels.shape[0])], [str(b) for b in range(levels.shape[1])],
+                    xlabel="block", ylabel="sampling step", title=f"SARA-{self.mode} rank schedule",
+                    colorbar_label="rank fraction kept", fmt="{:.2f}")
+            log_figure(trainer, "method/sara/rank_schedule", fig)
+        samples = getattr(self, "_last_samples", None)
+        if samples is not None:
+            reference, fast = samples
+            titles = ["full rank"] * len(reference) + ["SARA"] * len(fast)
+            log_figure(trainer, "method/sara/samples", image_grid(torch.cat([reference, fast]), titles,
+                                                                  ncols=len(reference),
+                                                                  title="same noise: full rank (top) vs SARA (bottom)"))

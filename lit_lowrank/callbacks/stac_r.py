@@ -329,6 +329,35 @@ class STACR(MethodCallback):
                     torch.distributed.broadcast(basis, src=0)
                     layer.stac_r_basis = basis
 
+    def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        """Dashboard: the Saved-Surface Predictor's peak (exact, predicted with STAC-R) beside the
+        measured compressed peak, and each layer's input vs code bytes."""
+        from lit_lowrank.core.figures import figure_due, log_figure, new_figure
+
+        report = getattr(self, "report", None)
+        if not isinstance(report, dict) or "peak_bytes" not in report or \
+                not figure_due(trainer, getattr(self, "figure_every_n_epochs", 1)):
+            return
+        fig, (left, right) = new_figure(10.0, 3.6, ncols=2)
+        names = ["exact (step 0)", "predicted (SSP)", "measured (STAC-R)"]
+        values = [report["peak_bytes"] / MIB, report["predicted_peak_bytes"] / MIB, self.peak_saved_bytes / MIB]
+        bars = left.bar(names, values, color=["tab:gray", "tab:blue", "tab:orange"])
+        left.bar_label(bars, labels=[f"{v:.2f}" for v in values])
+        left.set(ylabel="peak saved activations (MiB)", title=f"STAC-R: SSP {report['ssp']:.2f}, predicted "
+                 f"reduction {report['predicted_reduction']:.2f}")
+        layers = report.get("layers", {})
+        if layers:
+            import numpy as np
+
+            x = np.arange(len(layers))
+            right.bar(x - 0.2, [v["input_bytes"] / MIB for v in layers.values()], 0.4, label="input (exact)")
+            right.bar(x + 0.2, [v["code_bytes"] / MIB for v in layers.values()], 0.4, label="code (STAC-R)")
+            right.set_xticks(x, labels=[n.rsplit(".", 2)[-2] + "." + n.rsplit(".", 1)[-1] if n.count(".") > 1 else n
+                                        for n in layers], rotation=60, ha="right", fontsize=7)
+            right.set(ylabel="MiB per layer", title="saved bytes per compressed layer")
+            right.legend(fontsize=8)
+        log_figure(trainer, "method/stac_r/ssp", fig)
+
     def on_exception(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", exception: BaseException) -> None:
         self._close_region()  # never leave the saved-tensor hooks installed
 
@@ -418,7 +447,7 @@ def apply_checkpointing(model: nn.Module, target: str | Sequence[str]) -> list[s
 
     .. code-block:: python
 
-        names = apply_checkpointing(lm, target=r"layers\.\d+$")   # every GPT-NeoX block
+        names = apply_checkpointing(lm, target=r"layers\\.\\d+$")   # every GPT-NeoX block
     """
     names = []
     for name, module in find_modules(model, target):
@@ -459,8 +488,8 @@ def galore_param_groups(model: nn.Module, target: str | Sequence[str] | None = N
 
         from galore_torch import GaLoreAdamW
 
-        layers = apply_stac_r(lm, target=r"layers\.", rank=16)
-        opt = GaLoreAdamW(galore_param_groups(lm, target=r"layers\.", rank=16), lr=2e-3)
+        layers = apply_stac_r(lm, target=r"layers\\.", rank=16)
+        opt = GaLoreAdamW(galore_param_groups(lm, target=r"layers\\.", rank=16), lr=2e-3)
     """
     if not isinstance(rank, int) or rank < 1:
         raise ValueError(f"`rank`={rank!r}, expected a positive integer.")

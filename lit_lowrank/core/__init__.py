@@ -1,40 +1,77 @@
-"""The small shared machinery: loss hooks, surgery helpers, registry, logging."""
+"""The small shared machinery: loss hooks, surgery helpers, registry, logging.
 
-from lit_lowrank.core.logging import log_method, method_key
-from lit_lowrank.core.loss_hooks import (
-    OUTPUT_KEYS,
-    LossHookWarning,
-    MethodCallback,
-    apply_loss_hooks,
-    method_callbacks,
-    require_outputs,
-)
-from lit_lowrank.core.registry import (
-    MethodSpec,
-    all_methods,
-    get_method,
-    implemented_methods,
-    methods_table,
-    register_method,
-    unregister_method,
-)
-from lit_lowrank.core.surgery import (
-    find_modules,
-    import_object,
-    is_replaced,
-    mark_replaced,
-    rebuild_surgery,
-    record_surgery,
-    replace_module,
-    save_surgery,
-    surgery_records,
-)
-from lit_lowrank.core.temporary import temporarily_set
+Names are imported on first use, so ``lit_lowrank.core.registry`` (read by
+``lit-lowrank methods``) does not pay Lightning's import time.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # static analysers and IDEs see the real names
+    from lit_lowrank.core.figures import log_figure, method_config
+    from lit_lowrank.core.logging import log_method, method_key
+    from lit_lowrank.core.loss_hooks import (
+        OUTPUT_KEYS,
+        LossHookWarning,
+        MethodCallback,
+        apply_loss_hooks,
+        method_callbacks,
+        require_outputs,
+    )
+    from lit_lowrank.core.registry import (
+        MethodSpec,
+        all_methods,
+        get_method,
+        implemented_methods,
+        methods_table,
+        register_method,
+        unregister_method,
+    )
+    from lit_lowrank.core.surgery import (
+        find_modules,
+        import_object,
+        is_replaced,
+        mark_replaced,
+        rebuild_surgery,
+        record_surgery,
+        replace_module,
+        save_surgery,
+        surgery_records,
+    )
+    from lit_lowrank.core.temporary import temporarily_set
+
+_EXPORTS = {
+    "log_figure": "figures", "method_config": "figures",
+    "log_method": "logging", "method_key": "logging",
+    "OUTPUT_KEYS": "loss_hooks", "LossHookWarning": "loss_hooks", "MethodCallback": "loss_hooks", "apply_loss_hooks": "loss_hooks",
+    "method_callbacks": "loss_hooks", "require_outputs": "loss_hooks",
+    "MethodSpec": "registry", "all_methods": "registry", "get_method": "registry",
+    "implemented_methods": "registry", "methods_table": "registry", "register_method": "registry",
+    "unregister_method": "registry",
+    "find_modules": "surgery", "import_object": "surgery", "is_replaced": "surgery", "mark_replaced": "surgery",
+    "rebuild_surgery": "surgery", "record_surgery": "surgery", "replace_module": "surgery",
+    "save_surgery": "surgery", "surgery_records": "surgery",
+    "temporarily_set": "temporary",
+}
 
 __all__ = [
     "MethodCallback", "apply_loss_hooks", "method_callbacks", "require_outputs", "OUTPUT_KEYS", "log_method", "method_key",
     "MethodSpec", "register_method", "unregister_method", "get_method", "all_methods", "implemented_methods",
     "methods_table", "find_modules", "replace_module", "mark_replaced", "is_replaced", "record_surgery",
     "surgery_records", "save_surgery", "rebuild_surgery", "import_object",
-    "temporarily_set", "LossHookWarning",
+    "temporarily_set", "log_figure", "method_config", "LossHookWarning",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

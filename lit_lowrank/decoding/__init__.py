@@ -1,37 +1,74 @@
 """decoding: inference engines for causal LMs — lossless speculative decoding (draft trees verified in one
 target forward) with SpecBlock, EAGLE-style and Medusa-style drafters, and stable-rank scoring / Best-of-N."""
 
-from lit_lowrank.decoding.adaptive import BanditAdaptiveDrafter
-from lit_lowrank.decoding.drafters import EagleDrafter, MedusaDrafter, SpecBlockDrafter
-from lit_lowrank.decoding.engine import (
-    DecodeStats,
-    Drafter,
-    DraftRequest,
-    DraftTree,
-    RoundFeedback,
-    SpeculativeDecoder,
-    TargetLM,
-    plain_decode,
-    skip_decoder_layers,
-)
-from lit_lowrank.decoding.spirit import (
-    AgreementSearchDrafter,
-    LayerSkipDrafter,
-    OfflineBayesDrafter,
-    SpiritDrafter,
-    calibrate_length_profile,
-    pattern_matchness,
-    sequence_matchness,
-    skip_sublayers,
-)
-from lit_lowrank.decoding.stable_rank import (
-    BestOfNResult,
-    ResponseScorer,
-    StableRankReward,
-    best_of_n,
-    evaluate_pairs,
-    pairwise_accuracy,
-)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lit_lowrank._lazy import lazy_exports
+
+if TYPE_CHECKING:  # static analysers and IDEs see the real names
+    from lit_lowrank.decoding.adaptive import BanditAdaptiveDrafter
+    from lit_lowrank.decoding.drafters import EagleDrafter, MedusaDrafter, SpecBlockDrafter
+    from lit_lowrank.decoding.engine import (
+        DecodeStats,
+        Drafter,
+        DraftRequest,
+        DraftTree,
+        RoundFeedback,
+        SpeculativeDecoder,
+        TargetLM,
+        plain_decode,
+        skip_decoder_layers,
+    )
+    from lit_lowrank.decoding.spirit import (
+        AgreementSearchDrafter,
+        LayerSkipDrafter,
+        OfflineBayesDrafter,
+        SpiritDrafter,
+        calibrate_length_profile,
+        pattern_matchness,
+        sequence_matchness,
+        skip_sublayers,
+    )
+    from lit_lowrank.decoding.stable_rank import (
+        BestOfNResult,
+        ResponseScorer,
+        StableRankReward,
+        best_of_n,
+        evaluate_pairs,
+        pairwise_accuracy,
+    )
+
+_EXPORTS = {
+    'BanditAdaptiveDrafter': 'lit_lowrank.decoding.adaptive',
+    'EagleDrafter': 'lit_lowrank.decoding.drafters',
+    'MedusaDrafter': 'lit_lowrank.decoding.drafters',
+    'SpecBlockDrafter': 'lit_lowrank.decoding.drafters',
+    'DecodeStats': 'lit_lowrank.decoding.engine',
+    'Drafter': 'lit_lowrank.decoding.engine',
+    'DraftRequest': 'lit_lowrank.decoding.engine',
+    'DraftTree': 'lit_lowrank.decoding.engine',
+    'RoundFeedback': 'lit_lowrank.decoding.engine',
+    'SpeculativeDecoder': 'lit_lowrank.decoding.engine',
+    'TargetLM': 'lit_lowrank.decoding.engine',
+    'plain_decode': 'lit_lowrank.decoding.engine',
+    'skip_decoder_layers': 'lit_lowrank.decoding.engine',
+    'AgreementSearchDrafter': 'lit_lowrank.decoding.spirit',
+    'LayerSkipDrafter': 'lit_lowrank.decoding.spirit',
+    'OfflineBayesDrafter': 'lit_lowrank.decoding.spirit',
+    'SpiritDrafter': 'lit_lowrank.decoding.spirit',
+    'calibrate_length_profile': 'lit_lowrank.decoding.spirit',
+    'pattern_matchness': 'lit_lowrank.decoding.spirit',
+    'sequence_matchness': 'lit_lowrank.decoding.spirit',
+    'skip_sublayers': 'lit_lowrank.decoding.spirit',
+    'BestOfNResult': 'lit_lowrank.decoding.stable_rank',
+    'ResponseScorer': 'lit_lowrank.decoding.stable_rank',
+    'StableRankReward': 'lit_lowrank.decoding.stable_rank',
+    'best_of_n': 'lit_lowrank.decoding.stable_rank',
+    'evaluate_pairs': 'lit_lowrank.decoding.stable_rank',
+    'pairwise_accuracy': 'lit_lowrank.decoding.stable_rank',
+}
 
 __all__ = [
     "BanditAdaptiveDrafter", "DecodeStats", "DraftRequest", "DraftTree", "Drafter", "EagleDrafter", "MedusaDrafter",
@@ -40,3 +77,5 @@ __all__ = [
 __all__ += ["BestOfNResult", "ResponseScorer", "StableRankReward", "best_of_n", "evaluate_pairs", "pairwise_accuracy"]
 __all__ += ["AgreementSearchDrafter", "LayerSkipDrafter", "OfflineBayesDrafter", "SpiritDrafter",
             "calibrate_length_profile", "pattern_matchness", "sequence_matchness", "skip_sublayers"]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

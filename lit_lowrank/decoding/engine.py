@@ -303,6 +303,23 @@ class DecodeStats:
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.total_seconds if self.total_seconds > 0 else 0.0
 
+    def acceptance_figure(self, title: str = "") -> Any:
+        """Histogram of tokens emitted per round (accepted draft tokens + the bonus token), with τ
+        marked — for :func:`lit_lowrank.core.figures.log_figure` (W&B / TensorBoard / PNG)."""
+        from lit_lowrank.core.figures import new_figure
+
+        lengths = [a + 1 for a in self.accepted]
+        fig, ax = new_figure(5.0, 3.4)
+        if lengths:
+            edges = [x - 0.5 for x in range(1, max(lengths) + 2)]
+            counts, _, bars = ax.hist(lengths, bins=edges, color="tab:blue", rwidth=0.85)
+            ax.bar_label(bars, labels=[str(int(c)) for c in counts], fontsize=7)
+            ax.axvline(self.mean_acceptance_length, color="tab:red", ls="--", label=f"τ = {self.mean_acceptance_length:.2f}")
+            ax.legend(fontsize=8)
+        ax.set(xlabel="tokens per target forward (acceptance length)", ylabel="rounds",
+               title=title or f"acceptance lengths over {self.rounds} rounds")
+        return fig
+
     def merge(self, other: DecodeStats) -> DecodeStats:
         """Sum of two runs' statistics."""
         return DecodeStats(

@@ -184,23 +184,30 @@ class SpecDropSensitivity(pl.Callback):
             gap = specialization_gap(self.matrix, seen_map)
             log_method(pl_module, METHOD, "specialization_gap", gap, on_step=False, on_epoch=True)
         if self.log_image:
-            self._log_heatmap(trainer, sensitivity_heatmap(self.matrix))
+            rows = torch.nonzero(seen).flatten().tolist()
+            self._log_heatmap(trainer, [f"cat {c}" + (f" (branch {mapping[c]})" if mapping is not None else "")
+                                        for c in rows])
 
     @rank_zero_only
-    def _log_heatmap(self, trainer: pl.Trainer, image: np.ndarray) -> None:
-        from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
+    def _log_heatmap(self, trainer: pl.Trainer, row_labels: list[str]) -> None:
+        """A labelled heatmap with the values (core/figures.py: W&B image panel, TensorBoard image,
+        else a PNG under ``<log_dir>/images/``); CSV-like loggers also get the matrix as CSV."""
+        from lit_lowrank.core.figures import heatmap, log_figure, new_figure
 
-        key, step = f"method/{METHOD}/sensitivity", trainer.global_step
+        assert self.matrix is not None
+        matrix = self.matrix.numpy()
+        rows, cols = matrix.shape
+        fig, ax = new_figure(1.8 + 0.9 * cols, 1.0 + 0.45 * rows)
+        bound = float(np.abs(matrix).max()) or 1.0
+        heatmap(ax, matrix, row_labels, [f"branch {k}" for k in range(cols)], xlabel="branch zeroed",
+                ylabel="category", title=f"SpecDrop pruning sensitivity, epoch {trainer.current_epoch}",
+                cmap="RdBu_r", colorbar_label="score drop when the branch is zeroed", fmt="{:.3f}")
+        ax.images[0].set_clim(-bound, bound)
+        log_figure(trainer, f"method/{METHOD}/sensitivity", fig)
         for logger in trainer.loggers:
-            if isinstance(logger, WandbLogger):
-                logger.log_image(key=key, images=[image], step=step)
-            elif isinstance(logger, TensorBoardLogger):
-                logger.experiment.add_image(key, image, step, dataformats="HWC")
-            elif getattr(logger, "log_dir", None) is not None:
-                from PIL import Image
-
+            if type(logger).__name__ not in ("WandbLogger", "TensorBoardLogger", "DummyLogger") and \
+                    getattr(logger, "log_dir", None) is not None:
                 folder = Path(logger.log_dir)
                 folder.mkdir(parents=True, exist_ok=True)
                 stem = folder / f"specdrop_sensitivity_epoch{trainer.current_epoch}"
-                Image.fromarray(image).save(stem.with_suffix(".png"))
-                np.savetxt(stem.with_suffix(".csv"), self.matrix.numpy(), delimiter=",", fmt="%.6f")
+                np.savetxt(stem.with_suffix(".csv"), matrix, delimiter=",", fmt="%.6f")

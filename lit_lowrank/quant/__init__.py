@@ -1,13 +1,45 @@
 """Post-training / QAT weight quantizers: SPHQuant and its uniform baselines (RTN, GPTQ,
 Hadamard + RTN), on a shared quantized-linear wrapper and bits accounting."""
 
-from lit_lowrank.quant.linear import QuantizedLinear, buffer_bytes, model_bits, quantized_layers
-from lit_lowrank.quant.moe import MXFP4Experts, apply_moe_quant, fp_reference
-from lit_lowrank.quant.moe_routing import RouteController
-from lit_lowrank.quant.mxfp4 import MXFP4Linear
-from lit_lowrank.quant.ptq import PostTrainingQuantizer, collect_hessians, default_forward, select_linears
-from lit_lowrank.quant.sphquant import SPHLinear, SPHQuantizer, learn_codebook, quantize_sph, rebuild_sph_layers
-from lit_lowrank.quant.uniform import UniformQuantizer, UniformQuantLinear, quantize_uniform, rebuild_uniform_layers
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lit_lowrank._lazy import lazy_exports
+
+if TYPE_CHECKING:  # static analysers and IDEs see the real names
+    from lit_lowrank.quant.linear import QuantizedLinear, buffer_bytes, model_bits, quantized_layers
+    from lit_lowrank.quant.moe import MXFP4Experts, apply_moe_quant, fp_reference
+    from lit_lowrank.quant.moe_routing import RouteController
+    from lit_lowrank.quant.mxfp4 import MXFP4Linear
+    from lit_lowrank.quant.ptq import PostTrainingQuantizer, collect_hessians, default_forward, select_linears
+    from lit_lowrank.quant.sphquant import SPHLinear, SPHQuantizer, learn_codebook, quantize_sph, rebuild_sph_layers
+    from lit_lowrank.quant.uniform import UniformQuantizer, UniformQuantLinear, quantize_uniform, rebuild_uniform_layers
+
+_EXPORTS = {
+    'QuantizedLinear': 'lit_lowrank.quant.linear',
+    'buffer_bytes': 'lit_lowrank.quant.linear',
+    'model_bits': 'lit_lowrank.quant.linear',
+    'quantized_layers': 'lit_lowrank.quant.linear',
+    'MXFP4Experts': 'lit_lowrank.quant.moe',
+    'apply_moe_quant': 'lit_lowrank.quant.moe',
+    'fp_reference': 'lit_lowrank.quant.moe',
+    'RouteController': 'lit_lowrank.quant.moe_routing',
+    'MXFP4Linear': 'lit_lowrank.quant.mxfp4',
+    'PostTrainingQuantizer': 'lit_lowrank.quant.ptq',
+    'collect_hessians': 'lit_lowrank.quant.ptq',
+    'default_forward': 'lit_lowrank.quant.ptq',
+    'select_linears': 'lit_lowrank.quant.ptq',
+    'SPHLinear': 'lit_lowrank.quant.sphquant',
+    'SPHQuantizer': 'lit_lowrank.quant.sphquant',
+    'learn_codebook': 'lit_lowrank.quant.sphquant',
+    'quantize_sph': 'lit_lowrank.quant.sphquant',
+    'rebuild_sph_layers': 'lit_lowrank.quant.sphquant',
+    'UniformQuantizer': 'lit_lowrank.quant.uniform',
+    'UniformQuantLinear': 'lit_lowrank.quant.uniform',
+    'quantize_uniform': 'lit_lowrank.quant.uniform',
+    'rebuild_uniform_layers': 'lit_lowrank.quant.uniform',
+}
 
 __all__ = [
     "QuantizedLinear", "buffer_bytes", "model_bits", "quantized_layers",
@@ -16,3 +48,5 @@ __all__ = [
     "SPHLinear", "SPHQuantizer", "learn_codebook", "quantize_sph", "rebuild_sph_layers",
     "UniformQuantizer", "UniformQuantLinear", "quantize_uniform", "rebuild_uniform_layers",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

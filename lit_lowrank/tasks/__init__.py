@@ -1,18 +1,43 @@
 """Shared LightningModules for the task families; methods never copy them to change them."""
 
-from lit_lowrank.tasks.base import TaskModule
-from lit_lowrank.tasks.camel import CAMELModule
-from lit_lowrank.tasks.classification import ClassificationModule
-from lit_lowrank.tasks.diffusion import DiffusionModule
-from lit_lowrank.tasks.fb import FBModule
-from lit_lowrank.tasks.fewshot_clip import FewShotCLIPClassifier, FewShotCLIPModule
-from lit_lowrank.tasks.graph import NodeClassificationModule, build_graph_model
-from lit_lowrank.tasks.grpo import GRPOModule
-from lit_lowrank.tasks.language_model import CausalLMModule, block_causal_attention_mask
-from lit_lowrank.tasks.tomography import TomographyModule
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lit_lowrank._lazy import lazy_exports
+
+if TYPE_CHECKING:  # static analysers and IDEs see the real names
+    from lit_lowrank.tasks.base import TaskModule
+    from lit_lowrank.tasks.camel import CAMELModule
+    from lit_lowrank.tasks.classification import ClassificationModule
+    from lit_lowrank.tasks.diffusion import DiffusionModule
+    from lit_lowrank.tasks.fb import FBModule
+    from lit_lowrank.tasks.fewshot_clip import FewShotCLIPClassifier, FewShotCLIPModule
+    from lit_lowrank.tasks.graph import NodeClassificationModule, build_graph_model
+    from lit_lowrank.tasks.grpo import GRPOModule
+    from lit_lowrank.tasks.language_model import CausalLMModule, block_causal_attention_mask
+    from lit_lowrank.tasks.tomography import TomographyModule
+
+_EXPORTS = {
+    'TaskModule': 'lit_lowrank.tasks.base',
+    'CAMELModule': 'lit_lowrank.tasks.camel',
+    'ClassificationModule': 'lit_lowrank.tasks.classification',
+    'DiffusionModule': 'lit_lowrank.tasks.diffusion',
+    'FBModule': 'lit_lowrank.tasks.fb',
+    'FewShotCLIPClassifier': 'lit_lowrank.tasks.fewshot_clip',
+    'FewShotCLIPModule': 'lit_lowrank.tasks.fewshot_clip',
+    'NodeClassificationModule': 'lit_lowrank.tasks.graph',
+    'build_graph_model': 'lit_lowrank.tasks.graph',
+    'GRPOModule': 'lit_lowrank.tasks.grpo',
+    'CausalLMModule': 'lit_lowrank.tasks.language_model',
+    'block_causal_attention_mask': 'lit_lowrank.tasks.language_model',
+    'TomographyModule': 'lit_lowrank.tasks.tomography',
+}
 
 __all__ = [
     "TaskModule", "ClassificationModule", "CausalLMModule", "NodeClassificationModule", "DiffusionModule",
     "build_graph_model", "block_causal_attention_mask", "GRPOModule", "TomographyModule", "CAMELModule",
     "FewShotCLIPModule", "FewShotCLIPClassifier", "FBModule",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -69,3 +69,38 @@ class TaskModule(pl.LightningModule):
                 batch_size=batch_size, prog_bar=name in ("loss", "acc", "ppl"),
                 sync_dist=split != "train",
             )
+
+    # -- dashboards (core/figures.py) ---------------------------------------------------------
+    #: log this task's figures every n validation epochs (0: never); tasks expose it as an init arg
+    figure_every_n_epochs: int = 1
+
+    def figures_due(self) -> bool:
+        """Whether this epoch's validation draws the task's figures (a real logger, not sanity check)."""
+        from lit_lowrank.core.figures import figure_due
+
+        return figure_due(self._trainer, self.figure_every_n_epochs)
+
+    def update_confusion(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+        """Accumulate the validation confusion matrix (rows: true class, columns: predicted) when due."""
+        if not self.figures_due():
+            return
+        c = logits.shape[-1]
+        counts = torch.bincount(targets.long() * c + logits.argmax(-1), minlength=c * c).reshape(c, c)
+        previous = getattr(self, "_confusion", None)
+        self._confusion = counts.cpu() if previous is None or previous.shape != counts.shape else previous + counts.cpu()
+
+    def log_confusion(self, key: str = "val/confusion") -> None:
+        """Log the accumulated confusion matrix as a labelled heatmap (row-normalised, values in cells)."""
+        counts = getattr(self, "_confusion", None)
+        self._confusion = None
+        if counts is None or not self.figures_due():
+            return
+        from lit_lowrank.core.figures import heatmap, log_figure, new_figure
+
+        counts = self.trainer.strategy.reduce(counts.to(self.device).float(), reduce_op="sum").cpu()
+        rates = counts / counts.sum(1, keepdim=True).clamp_min(1)
+        labels = [str(i) for i in range(counts.shape[0])]
+        fig, ax = new_figure(max(3.6, 1.0 + 0.45 * len(labels)), max(2.8, 0.6 + 0.4 * len(labels)))
+        heatmap(ax, rates.numpy(), labels, labels, xlabel="predicted", ylabel="true",
+                title=f"validation confusion, epoch {self.current_epoch}", colorbar_label="fraction of the row")
+        log_figure(self.trainer, key, fig)

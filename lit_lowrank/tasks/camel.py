@@ -394,27 +394,20 @@ class CAMELModule(TaskModule):
                        directory / "camel_concepts.pt")
 
     def log_concept_grid(self, samples: Tensor, key: str = "method/camel/concepts") -> None:
-        """Log ``samples`` ``(M, n, C, H, W)`` as one image grid (a row per concept) to the logger.
+        """Log ``samples`` ``(M, n, C, H, W)`` as one labelled image grid (a row per concept, titled
+        with the concept's anchor class) to every logger (core/figures.py: W&B ``log_image``,
+        TensorBoard ``add_image``, else a PNG under the log dir's ``images/``)."""
+        from lit_lowrank.core.figures import has_real_logger, image_grid, log_figure
 
-        TensorBoard gets ``add_image``, W&B ``log_image``; other loggers (CSV) get a PNG in their log dir.
-        """
-        from torchvision.utils import make_grid, save_image
-
-        if not self.trainer.is_global_zero or self.logger is None:
+        if not self.trainer.is_global_zero or not has_real_logger(self.trainer):
             return
         m, n = samples.shape[:2]
-        flat = samples.flatten(0, 1)
-        lo, hi = flat.amin(), flat.amax()
-        grid = make_grid((flat - lo) / (hi - lo).clamp_min(1e-8), nrow=n, padding=1)
-        experiment = getattr(self.logger, "experiment", None)
-        if hasattr(experiment, "add_image"):
-            experiment.add_image(key, grid, self.global_step)
-        elif hasattr(self.logger, "log_image"):
-            self.logger.log_image(key=key, images=[grid], step=self.global_step)
-        else:
-            directory = self._output_dir()
-            if directory is not None:
-                save_image(grid, directory / f"camel_concepts_step{self.global_step}.png")
+        classes = getattr(self, "concept_classes", None)
+        titles = [f"concept {i}" + (f" (class {int(classes[i])})" if classes is not None and i < len(classes) else "")
+                  if j == 0 else "" for i in range(m) for j in range(n)]
+        fig = image_grid(samples.flatten(0, 1), titles, ncols=n,
+                         title=f"CAMEL concepts (rows) from held-out noise, step {self.global_step}")
+        log_figure(self.trainer, key, fig)
 
     def _output_dir(self) -> Path | None:
         log_dir = getattr(self.logger, "log_dir", None) if self.logger is not None else None

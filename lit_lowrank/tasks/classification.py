@@ -71,9 +71,11 @@ class ClassificationModule(TaskModule):
         optimizer: OptimizerCallable = torch.optim.AdamW,
         lr_scheduler: LRSchedulerCallable | None = None,
         lr_scheduler_interval: str = "epoch",
+        figure_every_n_epochs: int = 1,
     ) -> None:
         super().__init__(optimizer, lr_scheduler, lr_scheduler_interval)
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        self.figure_every_n_epochs = figure_every_n_epochs  # the validation confusion heatmap (0: never)
         if num_classes < 2:
             raise ValueError(f"`num_classes`={num_classes}, expected an integer >= 2.")
         if isinstance(backbone, str):
@@ -177,10 +179,14 @@ class ClassificationModule(TaskModule):
         self.val_ece(probs, batch["y"])
         self.val_nll(probs, batch["y"])
         self.val_brier(probs, batch["y"])
+        self.update_confusion(outputs["logits"].detach(), batch["y"])
         if self._has_ood_loaders():
             self.val_ood_auroc.update(probs, False)
         self.log_split("val", {"loss": outputs["loss"], "acc": self.val_acc, "ece": self.val_ece,
                                "nll": self.val_nll, "brier": self.val_brier}, batch_size=batch["y"].numel())
+
+    def on_validation_epoch_end(self) -> None:
+        self.log_confusion()
 
     def _has_ood_loaders(self) -> bool:
         loaders = getattr(self._trainer, "val_dataloaders", None) if self._trainer is not None else None

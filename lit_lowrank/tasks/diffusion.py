@@ -63,9 +63,11 @@ class DiffusionModule(TaskModule):
         optimizer: OptimizerCallable = torch.optim.AdamW,
         lr_scheduler: LRSchedulerCallable | None = None,
         lr_scheduler_interval: str = "epoch",
+        figure_every_n_epochs: int = 1,
     ) -> None:
         super().__init__(optimizer, lr_scheduler, lr_scheduler_interval)
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler", "model"])
+        self.figure_every_n_epochs = figure_every_n_epochs  # the validation sample grid (0: never)
         from diffusers import DDPMScheduler, UNet2DModel
 
         if prediction_type not in ("epsilon", "v_prediction", "sample"):
@@ -134,6 +136,20 @@ class DiffusionModule(TaskModule):
 
     def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self._eval("test", batch, batch_idx)
+
+    @torch.no_grad()
+    def on_validation_epoch_end(self) -> None:
+        """A grid of 16 DDIM samples (20 steps) from fixed noise, so epochs compare image to image."""
+        if not self.figures_due():
+            return
+        from lit_lowrank.core.figures import image_grid, log_figure
+
+        generator = torch.Generator().manual_seed(0)
+        noise = torch.randn((16, *self._sample_shape()), generator=generator).to(self.device)
+        labels = torch.arange(16, device=self.device) % self.num_classes if self.num_classes else None
+        images = self.sample(16, class_labels=labels, num_inference_steps=20, noise=noise)
+        titles = None if labels is None else [f"class {int(c)}" for c in labels]
+        log_figure(self.trainer, "val/samples", image_grid(images, titles, title=f"DDIM samples, epoch {self.current_epoch}"))
 
     # -- sampling -------------------------------------------------------------------
     def register_step_hook(self, hook: StepHook) -> RemovableHandle:

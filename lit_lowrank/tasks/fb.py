@@ -308,10 +308,27 @@ class FBModule(TaskModule):
             result = evaluate_gridworld(self, env, replay, goal_states(env, self.hparams.eval_goals), k,
                                         horizon=self.hparams.eval_horizon)
             self.log_split("val", {"zero_shot_return": result["normalized_return"], "sr_error": result["sr_error"]})
+            self._log_returns_figure(result["returns"], [f"goal {g}" for g in goal_states(env, self.hparams.eval_goals)])
         elif isinstance(env, PointMass):
             goals = np.random.default_rng(0).uniform(-0.8, 0.8, (self.hparams.eval_goals, 2))
             result = evaluate_rollouts(self, env, replay, goals, k, horizon=self.hparams.eval_horizon)
             self.log_split("val", {"zero_shot_return": result["normalized_return"]})
+            self._log_returns_figure(result["ratios"], [f"goal {i}" for i in range(len(goals))])
+
+    def _log_returns_figure(self, returns: Any, labels: list[str]) -> None:
+        """Dashboard: the zero-shot return of every evaluation goal."""
+        if not self.figures_due():
+            return
+        from lit_lowrank.core.figures import log_figure, new_figure
+
+        values = [float(v) for v in returns]
+        fig, ax = new_figure(max(4.0, 0.5 * len(values) + 1.5), 3.2)
+        bars = ax.bar(labels[:len(values)], values, color="tab:blue")
+        ax.bar_label(bars, labels=[f"{v:.2f}" for v in values], fontsize=7)
+        ax.set(ylabel="normalized zero-shot return", title=f"FB (k={int(self.trainer.datamodule.hparams.k)}) "
+               f"zero-shot return per goal, epoch {self.current_epoch}")
+        ax.tick_params(axis="x", rotation=60, labelsize=7)
+        log_figure(self.trainer, "method/fb_temporal/zero_shot_returns", fig)
 
 
 # ---------------------------------------------------------------------------- zero-shot evaluation

@@ -354,6 +354,11 @@ class FewShotCLIPModule(TaskModule):
         ece(logits.softmax(-1), batch["y"])
         self.log_split(split, {"loss": F.cross_entropy(logits, batch["y"]), "acc": acc, "ece": ece},
                        batch_size=batch["y"].numel())
+        if split == "val":
+            self.update_confusion(logits.detach(), batch["y"])
+
+    def on_validation_epoch_end(self) -> None:
+        self.log_confusion()
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self._eval_step(batch, "val")

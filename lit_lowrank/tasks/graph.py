@@ -74,9 +74,11 @@ class NodeClassificationModule(TaskModule):
         optimizer: OptimizerCallable = torch.optim.AdamW,
         lr_scheduler: LRSchedulerCallable | None = None,
         lr_scheduler_interval: str = "epoch",
+        figure_every_n_epochs: int = 1,
     ) -> None:
         super().__init__(optimizer, lr_scheduler, lr_scheduler_interval)
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        self.figure_every_n_epochs = figure_every_n_epochs  # the validation confusion heatmap (0: never)
         if isinstance(model, str):
             kwargs = {"hidden_channels": 64, "num_layers": 2, **(model_kwargs or {})}
             model = build_graph_model(model, in_channels, num_classes, **kwargs)
@@ -125,6 +127,10 @@ class NodeClassificationModule(TaskModule):
         mask = outputs["mask"]
         self.val_acc(outputs["logits"][mask], data.y[mask])
         self.log_split("val", {"loss": outputs["loss"], "acc": self.val_acc}, batch_size=int(mask.sum()))
+        self.update_confusion(outputs["logits"][mask].detach(), data.y[mask])
+
+    def on_validation_epoch_end(self) -> None:
+        self.log_confusion()
 
     def test_step(self, data: Any, batch_idx: int) -> None:
         outputs = self.step(data, "test")

@@ -96,9 +96,11 @@ class CausalLMModule(TaskModule):
         optimizer: OptimizerCallable = torch.optim.AdamW,
         lr_scheduler: LRSchedulerCallable | None = None,
         lr_scheduler_interval: str = "step",
+        figure_every_n_epochs: int = 1,
     ) -> None:
         super().__init__(optimizer, lr_scheduler, lr_scheduler_interval)
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        self.figure_every_n_epochs = figure_every_n_epochs  # the val loss-by-position plot (0: never)
         self.model = self._build(model_config, pretrained_path, vocab_size, attn_implementation)
         self.is_native = pretrained_path is None and (model_config or {}).get("model_type") in NATIVE_LM_TYPES
         if branches is not None:
@@ -181,6 +183,44 @@ class CausalLMModule(TaskModule):
         # token-weighted over the epoch, so ppl == exp(loss) up to float error
         self.log(f"{split}/loss", outputs["loss"], on_epoch=True, batch_size=max(n, 1), sync_dist=True)
         self.log(f"{split}/ppl", ppl, on_epoch=True, prog_bar=True)
+        if split == "val" and self.figures_due():
+            self._accumulate_position_loss(outputs["logits"], batch)
+
+    def _accumulate_position_loss(self, logits: Tensor, batch: dict[str, Any]) -> None:
+        """Sum of token losses and token counts per position in the document (the dashboard's curve)."""
+        labels = batch["labels"]
+        token_loss = F.cross_entropy(logits.detach().flatten(0, 1).float(), labels.flatten(), ignore_index=-100,
+                                     reduction="none").view_as(labels)
+        position = batch.get("position_ids")
+        position = position if position is not None else torch.arange(labels.shape[1], device=labels.device).expand_as(labels)
+        valid = labels != -100
+        size = int(position.max()) + 1
+        sums = torch.zeros(size, dtype=torch.float64).index_add_(0, position[valid].cpu(), token_loss[valid].double().cpu())
+        counts = torch.zeros(size, dtype=torch.float64).index_add_(0, position[valid].cpu(),
+                                                                   torch.ones(int(valid.sum()), dtype=torch.float64))
+        previous = getattr(self, "_position_loss", None)
+        if previous is not None:
+            n = max(size, previous[0].numel())
+            pad = lambda t: F.pad(t, (0, n - t.numel()))  # noqa: E731
+            sums, counts = pad(sums) + pad(previous[0]), pad(counts) + pad(previous[1])
+        self._position_loss = (sums, counts)
+
+    def on_validation_epoch_end(self) -> None:
+        """Dashboard: validation loss per position in the document (how much context the model uses)."""
+        acc = getattr(self, "_position_loss", None)
+        self._position_loss = None
+        if acc is None or not self.figures_due():
+            return
+        from lit_lowrank.core.figures import log_figure, new_figure
+
+        sums, counts = acc
+        seen = counts > 0
+        fig, ax = new_figure(6.0, 3.4)
+        ax.plot(torch.nonzero(seen).flatten().numpy(), (sums[seen] / counts[seen]).numpy(), lw=1.2)
+        ax.set(xlabel="position in the document (tokens)", ylabel="validation loss (nats/token)",
+               title=f"loss by position, epoch {self.current_epoch}")
+        ax.grid(alpha=0.3)
+        log_figure(self.trainer, "val/loss_by_position", fig)
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self._eval_step("val", batch)

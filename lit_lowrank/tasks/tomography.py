@@ -210,30 +210,25 @@ class TomographyModule(TaskModule):
         self.log_split("test", {"loss": outputs["loss"], **self._metrics(outputs, batch)}, batch_size=1)
 
     def log_wigner(self, psi: Tensor) -> None:
-        """Log the Wigner function of mode 1 as an image (W&B ``log_image``, TensorBoard
-        ``add_figure``, else a PNG in the log dir). Needs qutip and matplotlib."""
+        """Log the Wigner function of mode 1 as an image to every logger (core/figures.py: W&B
+        ``log_image``, TensorBoard ``add_image``, else a PNG in the log dir). Needs qutip."""
         try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
             import qutip
         except ImportError:  # optional: the fit does not depend on the plot
+            return
+        from lit_lowrank.core.figures import figure_due, log_figure, new_figure
+
+        if not figure_due(self._trainer, 1):
             return
         rho = reduced_density_matrix(psi.cpu().to(torch.complex128), 0).numpy()
         xvec = torch.linspace(-self.hparams.quadrature_limit, self.hparams.quadrature_limit, 121).numpy()
         w = qutip.wigner(qutip.Qobj(rho), xvec, xvec)  # qutip's default g=sqrt(2) matches x=(a+a†)/√2
-        fig, ax = plt.subplots(figsize=(4, 4))
-        ax.contourf(xvec, xvec, w, 60, cmap="RdBu_r")
+        fig, ax = new_figure(4.6, 4.0)
+        bound = float(abs(w).max()) or 1.0
+        image = ax.contourf(xvec, xvec, w, 60, cmap="RdBu_r", vmin=-bound, vmax=bound)
+        fig.colorbar(image, ax=ax, label="W(x, p)")
         ax.set(xlabel="x", ylabel="p", title=f"Wigner, mode 1, epoch {self.current_epoch}")
-        logger = self.logger
-        if logger is not None and hasattr(logger, "log_image"):
-            logger.log_image(key="val/wigner", images=[fig])
-        elif logger is not None and hasattr(getattr(logger, "experiment", None), "add_figure"):
-            logger.experiment.add_figure("val/wigner", fig, global_step=self.global_step)
-        elif self.trainer is not None and self.trainer.log_dir:
-            fig.savefig(f"{self.trainer.log_dir}/wigner_epoch{self.current_epoch}.png")
-        plt.close(fig)
+        log_figure(self.trainer, "val/wigner", fig)
 
 
 

@@ -264,7 +264,7 @@ def test_sensitivity_callback_on_a_constructed_case(tmp_path):
     assert trainer.callback_metrics["method/specdrop/branch_specialization"].item() == 1.0
     assert trainer.callback_metrics["method/specdrop/specialization_gap"].item() == pytest.approx(1.0)
     log_dir = Path(trainer.loggers[0].log_dir)
-    assert (log_dir / "specdrop_sensitivity_epoch0.png").is_file()
+    assert list((log_dir / "images").glob("method_specdrop_sensitivity_step*.png"))  # labelled heatmap
     assert (log_dir / "specdrop_sensitivity_epoch0.csv").is_file()
 
 

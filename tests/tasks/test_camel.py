@@ -55,7 +55,7 @@ def test_fit_warms_up_then_moves_concepts_within_the_trust_region(tmp_path):
     metrics = trainer.callback_metrics
     assert {"val/reward", "val/l0", "val/lk", "method/camel/reward", "train/creator_loss"} <= set(metrics)
     log_dir = tmp_path / "camel" / "version_0"
-    assert list(log_dir.glob("camel_concepts_step*.png"))
+    assert list((log_dir / "images").glob("method_camel_concepts_step*.png"))  # core/figures.log_figure
     saved = torch.load(log_dir / "camel_concepts.pt")
     torch.testing.assert_close(saved["concepts"], model.concepts.detach())
 
