@@ -15,6 +15,7 @@ phrases (METHODS.md §5's fallback). Embeddings are cached in memory and on disk
 
 from __future__ import annotations
 
+import hashlib
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -57,6 +58,17 @@ LABEL_PHRASES: dict[str, str] = {
     "MSSQL": "MSSQL exploitation DDoS attack",
     "NetBIOS": "NetBIOS exploitation DDoS attack",
     "UDP": "UDP flood DDoS attack",
+    # UNSW-NB15 attack categories
+    "Normal": "normal benign network traffic",
+    "Generic": "generic attack on block ciphers with crafted inputs",
+    "Exploits": "exploit of a known software vulnerability",
+    "Fuzzers": "fuzzing a service with random malformed inputs to crash it",
+    "DoS": "denial of service attack",
+    "Reconnaissance": "reconnaissance scanning and probing of hosts",
+    "Analysis": "analysis intrusions: port scans, spam and HTML file penetration",
+    "Backdoor": "backdoor bypassing authentication for hidden remote access",
+    "Shellcode": "shellcode payload injected through a vulnerability",
+    "Worms": "self-replicating worm spreading to other hosts",
 }
 
 
@@ -67,6 +79,11 @@ def label_phrase(label: str) -> str:
 
 def _cache_file(encoder: str) -> Path:
     root = Path(os.environ.get("LIT_LOWRANK_CACHE") or Path.home() / ".cache" / "lit_lowrank")
+    if encoder == "tfidf":
+        # TF-IDF's width and weights depend on the phrase vocabulary: the file names the vocabulary,
+        # so adding phrases never mixes vectors of two vocabularies in one cache
+        vocab = hashlib.sha1("\n".join(sorted(set(LABEL_PHRASES.values()))).encode()).hexdigest()[:10]
+        return root / "phrase_embeddings" / f"tfidf-{vocab}.npz"
     return root / "phrase_embeddings" / f"{encoder}.npz"
 
 

@@ -177,7 +177,8 @@ def evaluate_episodes(
     novel_z: Tensor, novel_y: Tensor, novel_names: Sequence[str], bank: PriorBank, novel_keys: Tensor,
     methods: Sequence[str] = METHODS, ways: int = 5, shots: Sequence[int] = (1, 5), episodes: int = 600,
     queries: int = 15, kappa: float = 1.0, nu0: float | None = None, k: int = 2, temperature: float = 0.1,
-    classifier: str = "qda", seed: int = 0,
+    classifier: str = "qda", seed: int = 0, classes: Sequence[int] | None = None,
+    oracle: dict[int, tuple[Tensor, Tensor]] | None = None,
 ) -> dict[tuple[str, int], list[float]]:
     """Per-episode macro F1 of each method on the same ``N``-way ``K``-shot episodes.
 
@@ -195,6 +196,8 @@ def evaluate_episodes(
         classifier: ``"qda"`` (Gaussian log-likelihood) or ``"logistic"`` (head on sampled features)
             for the prior-based methods.
         seed: episode sampling seed.
+        classes: the candidate classes of the episodes (default: every class in ``novel_y``).
+        oracle: the oracle prior's ``{class: (mean, cov)}`` (default: the pool's own statistics).
 
     .. code-block:: python
 
@@ -207,14 +210,11 @@ def evaluate_episodes(
         raise ValueError(f"evaluate_episodes: `classifier`={classifier!r}, expected 'qda' or 'logistic'")
     z = novel_z.to(torch.float64)
     y = np.asarray(novel_y)
-    classes = np.unique(y)
+    classes = np.unique(y) if classes is None else np.asarray(classes)
     retrieved = {int(c): retrieve_prior(bank, novel_keys[int(c)], k=k, temperature=temperature)[:2] for c in classes}
     glob = global_prior(bank)
-    ridge = 1e-4 * torch.eye(z.shape[1], dtype=torch.float64)
-    oracle = {}
-    for c in classes:
-        zc = z[torch.as_tensor(y == c)]
-        oracle[int(c)] = (zc.mean(0), torch.cov(zc.T) + ridge)
+    if oracle is None:
+        oracle = class_statistics(z, torch.as_tensor(y), classes)
     out: dict[tuple[str, int], list[float]] = {(m, s): [] for m in methods for s in shots}
     for s in shots:
         rng = np.random.default_rng(seed * 7919 + s)
@@ -233,4 +233,46 @@ def evaluate_episodes(
                     pred = (gaussian_classify(qry, mus, sigmas) if classifier == "qda"
                             else sampled_logistic_classify(qry, sup, sy, mus, sigmas, seed=e))
                 out[(m, s)].append(macro_f1(pred, q_y, ways))
+    return out
+
+
+def class_statistics(z: Tensor, y: Tensor, classes: Sequence[int] | np.ndarray) -> dict[int, tuple[Tensor, Tensor]]:
+    """``{class: (mean, covariance + 1e-4 I)}`` of features ``z (N, d)`` (the oracle prior's statistics)."""
+    z = z.to(torch.float64)
+    ridge = 1e-4 * torch.eye(z.shape[1], dtype=torch.float64)
+    out = {}
+    for c in classes:
+        zc = z[torch.as_tensor(np.asarray(y) == int(c))]
+        out[int(c)] = (zc.mean(0), torch.cov(zc.T) + ridge)
+    return out
+
+
+def evaluate_client_episodes(
+    result: FederationResult, datamodule, novel_keys: Tensor, methods: Sequence[str] = METHODS, ways: int = 5,
+    shots: Sequence[int] = (1, 5), episodes_per_client: int = 40, queries: int = 10, seed: int = 0, **kwargs,
+) -> dict[tuple[str, int], list[float]]:
+    """Per-client episodes: each client adapts on its *own* novel rows and is scored on them.
+
+    Client ``k`` holds the novel rows :meth:`~lit_lowrank.datamodules.flows.FlowsDataModule.client_novel`
+    (Dirichlet-skewed like its base rows). Its episodes are ``min(ways, m_k)``-way, over the ``m_k``
+    novel classes it holds at least ``max(shots) + queries`` rows of; clients with fewer than two
+    such classes run none. Every method sees the same episodes (paired); the oracle prior uses the
+    novel classes' statistics over all clients. Returns the per-episode macro F1 of every client,
+    concatenated (``{(method, shots): [...]}``, the same order for every method).
+    """
+    z_all = result.features(datamodule.novel_x)
+    oracle = class_statistics(z_all, datamodule.novel_y, np.unique(datamodule.novel_y.numpy()))
+    out: dict[tuple[str, int], list[float]] = {(m, s): [] for m in methods for s in shots}
+    need = max(shots) + queries
+    for client in range(datamodule.num_clients):
+        x_k, y_k = datamodule.client_novel(client)
+        counts = np.bincount(y_k.numpy(), minlength=len(datamodule.novel_names))
+        held = np.flatnonzero(counts >= need)
+        if len(held) < 2:
+            continue
+        scores = evaluate_episodes(result.features(x_k), y_k, datamodule.novel_names, result.bank, novel_keys,
+                                   methods, ways=min(ways, len(held)), shots=shots, episodes=episodes_per_client,
+                                   queries=queries, seed=seed * 1009 + client, classes=held, oracle=oracle, **kwargs)
+        for key, values in scores.items():
+            out[key] += values
     return out

@@ -60,6 +60,8 @@ __all__ = [
     "macro_discount", "macro_reward", "macro_transition", "macro_action_operators", "policy_transition",
     "successor_representation", "successor_measure", "transition_spectrum", "estimate_transition_operator",
     "sr_effective_rank", "relative_sr_error", "value_error_bound", "rank_value_floor", "normalize_sphere",
+    "goal_reaching_operators", "macro_task", "optimal_repeat_values", "repeat_value_gap", "sr_tail",
+    "repeat_value_bound",
 ]
 
 MacroDiscount = Literal["per_decision", "power"]
@@ -348,3 +350,127 @@ def rank_value_floor(M: Tensor, d: int) -> Tensor:
     if d >= s.numel():
         return s.new_zeros(())
     return s[d] / s[0].clamp_min(1e-300)
+
+
+
+# ---------------------------------------------------------------------------- the value bound under action repeat
+def goal_reaching_operators(P: Tensor, goal: int) -> Tensor:
+    """``(A, S, S)`` operators of the goal-reaching task: entering ``goal`` ends the episode.
+
+    The goal's row is zeroed, so mass that entered the goal leaves at the next step; with the
+    reward ``r = 1[s' = goal]`` on entering, ``(P_absⁱ r)(s)`` counts first entries at step ``i`` only.
+    """
+    _check_tabular(P)
+    absorbing = P.clone()
+    absorbing[:, goal, :] = 0.0
+    return absorbing
+
+
+def macro_task(P: Tensor, reward: Tensor, gamma: float, k: int) -> tuple[Tensor, Tensor, float]:
+    """The primitive task seen through ``k``-step action repeat: ``(R_k (A, S), P_k (A, S, S), γᵏ)``.
+
+    ``R_k[a, s] = Σ_{i<k} γ^i (P_a^{i+1} r)(s)``: the discounted reward of the states entered inside
+    the repeat (the ``"discounted"`` macro reward), so a macro policy's value is its primitive value.
+    ``reward`` ``(S,)`` is paid on entering a state; ``P`` may be sub-stochastic (terminations).
+    """
+    _check_tabular(P)
+    if k < 1:
+        raise ValueError(f"`k`={k}, expected an integer >= 1.")
+    r = reward.to(P.dtype)
+    R = torch.zeros(P.shape[0], P.shape[1], dtype=P.dtype)
+    step = torch.eye(P.shape[1], dtype=P.dtype).expand(P.shape[0], -1, -1)
+    for i in range(k):
+        step = step @ P
+        R = R + gamma ** i * (step @ r)
+    return R, step, gamma ** k
+
+
+def optimal_repeat_values(P: Tensor, reward: Tensor, gamma: float, k: int, tol: float = 1e-8,
+                          max_iter: int = 20_000) -> tuple[Tensor, Tensor]:
+    """Optimal ``(V (S,), greedy macro actions (S,))`` over policies that hold each action ``k`` steps.
+
+    Value iteration on :func:`macro_task`; ``k = 1`` is the primitive optimum ``V*``.
+    """
+    R, Pk, gk = macro_task(P, reward, gamma, k)
+    V = torch.zeros(P.shape[1], dtype=P.dtype)
+    for _ in range(max_iter):
+        new = (R + gk * (Pk @ V)).max(0).values
+        done = float((new - V).abs().max()) < tol
+        V = new
+        if done:
+            break
+    Q = R + gk * (Pk @ V)
+    return Q.max(0).values, Q.argmax(0)
+
+
+def repeat_value_gap(P: Tensor, goal: int, gamma: float, k: int) -> float:
+    """``ε_repeat(k)``: the share of the optimal goal-reaching value lost by acting with ``k``-step repeats.
+
+    ``mean_s (V*(s) − V*_k(s)) / mean_s V*(s)`` over non-goal starts, with entering ``goal`` paying 1
+    and ending the episode (also inside a repeat); 0 at ``k = 1``, and it grows with ``k`` — the
+    price of the coarser policy class, the other side of the paper's trade-off.
+    """
+    if k == 1:
+        return 0.0
+    absorbing = goal_reaching_operators(P, goal)
+    reward = torch.zeros(P.shape[1], dtype=P.dtype)
+    reward[goal] = 1.0
+    v_star, _ = optimal_repeat_values(absorbing, reward, gamma, 1)
+    v_k, _ = optimal_repeat_values(absorbing, reward, gamma, k)
+    starts = torch.arange(P.shape[1]) != goal
+    return float((v_star - v_k)[starts].mean() / v_star[starts].mean().clamp_min(1e-300))
+
+
+def sr_tail(P_macro: Tensor, gamma_macro: float, d: int) -> dict[str, float]:
+    """The spectral tail of the macro SR ``M = P(I − γP)⁻¹`` at rank ``d``.
+
+    ``sigma_tail`` = ``σ_{d+1}(M)``, the ℓ2 error of the best rank-``d`` FB for the worst unit
+    reward (Eckart–Young). ``spectral_tail`` is the same number from the spectrum of ``P``: the
+    ``(d+1)``-th largest ``|λ_i|/|1 − γλ_i|`` — equal to ``sigma_tail`` when ``P`` is normal
+    (a reversible walk with uniform stationary measure, e.g. the uniform repeat policy on the
+    slip grid), and the reason action repeat helps: ``λ → λᵏ`` shrinks it.
+    """
+    if P_macro.dim() != 2 or P_macro.shape[0] != P_macro.shape[1]:
+        raise ValueError(f"`P_macro` must be (S, S), got {tuple(P_macro.shape)}.")
+    S = P_macro.shape[0]
+    if not 1 <= d < S:
+        raise ValueError(f"`d`={d}, expected 1 <= d < {S}.")
+    if not 0.0 <= gamma_macro < 1.0:
+        raise ValueError(f"`gamma_macro`={gamma_macro}, expected in [0, 1).")
+    P64 = P_macro.to(torch.float64)
+    M = successor_measure(P64, gamma_macro)
+    sigma = singular_values(M)
+    lam = torch.linalg.eigvals(P64)
+    gain = torch.sort((lam / (1.0 - gamma_macro * lam)).abs(), descending=True).values
+    return {"sigma_tail": float(sigma[d]), "spectral_tail": float(gain[d]), "sigma_top": float(sigma[0])}
+
+
+def repeat_value_bound(P: Tensor, gamma: float, k: int, d: int, reward: Tensor,
+                       policy: Tensor | None = None) -> dict[str, float]:
+    """The value-error bound of rank-``d`` FB under ``k``-step action repeat (arXiv 2603.20103).
+
+    For the macro policy ``π`` (``policy`` ``(S, A)``, uniform when ``None``) with macro operator
+    ``P̃ = Σ_a π(a|s) P_aᵏ``, discount ``γᵏ`` and SR ``M_k = P̃(I − γᵏP̃)⁻¹``, the best rank-``d``
+    FB has
+
+        ‖V_k − V̂_k‖₂ ≤ σ_{d+1}(M_k) · ‖r‖₂,   σ_{d+1}(M_k) = |λ_{d+1}|/|1 − γᵏλ_{d+1}|  (normal P̃),
+
+    a function of ``k``, ``γ`` and the spectrum: the low-pass ``λ → λᵏ`` shrinks the tail while
+    ``γ → γᵏ`` keeps the horizon. ``V_k = M_k r`` counts the reward at macro landing states, as
+    FB's ``V̂ = M̂ r`` does. The price of the coarser policy class is the separate term
+    :func:`repeat_value_gap`.
+
+    Returns:
+        ``bound``, ``sigma_tail``, ``spectral_tail`` (:func:`sr_tail`), ``truncation_error`` (the exact
+        ``‖(M_k − [M_k]_d) r‖₂`` of the truncated SVD, ``≤ bound``) and ``value_norm`` ``‖V_k‖₂``.
+    """
+    _check_tabular(P)
+    P_macro = macro_transition(P.to(torch.float64), k, policy)
+    gk = float(macro_discount(gamma, k))
+    tail = sr_tail(P_macro, gk, d)
+    r = reward.to(torch.float64)
+    M = successor_measure(P_macro, gk)
+    U, sig, Vh = torch.linalg.svd(M)
+    M_d = U[:, :d] @ torch.diag(sig[:d]) @ Vh[:d]
+    return {"bound": tail["sigma_tail"] * float(r.norm()), **tail,
+            "truncation_error": float(((M - M_d) @ r).norm()), "value_norm": float((M @ r).norm())}

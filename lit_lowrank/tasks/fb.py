@@ -44,6 +44,7 @@ from lit_lowrank.ops.fb import (
     fb_loss,
     macro_action_operators,
     macro_discount,
+    macro_transition,
     normalize_sphere,
     orthonormality_loss,
     relative_sr_error,
@@ -56,7 +57,8 @@ from lit_lowrank.ops.lowrank import effective_rank_of
 from lit_lowrank.tasks.base import TaskModule
 
 METHOD = "fb_temporal"
-__all__ = ["FBModule", "evaluate_gridworld", "evaluate_rollouts", "goal_states"]
+TARGET_POLICIES = ("greedy", "uniform")
+__all__ = ["FBModule", "evaluate_gridworld", "evaluate_policy_evaluation", "evaluate_rollouts", "goal_states"]
 
 
 def _mlp(in_dim: int, hidden: int, layers: int, out_dim: int) -> nn.Sequential:
@@ -87,6 +89,10 @@ class FBModule(TaskModule):
         mix_ratio: share of ``z`` drawn from ``B(s')`` instead of the sphere.
         norm_b: rescale ``B`` to norm ``√d``.
         target_noise, target_noise_clip: smoothing noise on the target action (continuous).
+        target_policy: ``"greedy"`` (FB: the target follows ``π_z = argmax_a F(s', a, z)ᵀz``) or
+            ``"uniform"`` (discrete actions: the target averages ``F(s', ·, z)`` over actions — FB as
+            policy *evaluation* of the uniform macro policy, whose exact SR and spectrum the
+            value-error bound is computed for).
         eval_goals: goals for the zero-shot evaluation at each validation epoch (0: off).
         eval_horizon: primitive steps of the zero-shot evaluation.
         optimizer: callable ``params -> Optimizer`` (one optimizer, param groups F+B and actor).
@@ -114,6 +120,7 @@ class FBModule(TaskModule):
         norm_b: bool = True,
         target_noise: float = 0.2,
         target_noise_clip: float = 0.3,
+        target_policy: str = "greedy",
         eval_goals: int = 0,
         eval_horizon: int = 100,
         optimizer: OptimizerCallable = torch.optim.Adam,
@@ -130,6 +137,10 @@ class FBModule(TaskModule):
             raise ValueError(f"`discount`={discount}, expected in [0, 1).")
         if not 0.0 < tau <= 1.0:
             raise ValueError(f"`tau`={tau}, expected in (0, 1].")
+        if target_policy not in TARGET_POLICIES:
+            raise ValueError(f"`target_policy`={target_policy!r}, expected one of {TARGET_POLICIES}.")
+        if target_policy == "uniform" and num_actions is None:
+            raise ValueError("`target_policy`='uniform' needs discrete actions (`num_actions`).")
         if num_heads < 1 or z_dim < 1:
             raise ValueError(f"`num_heads`={num_heads} and `z_dim`={z_dim} must be >= 1.")
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
@@ -222,10 +233,13 @@ class FBModule(TaskModule):
         discount = self._discounts(batch)
         with torch.no_grad():
             z = sample_z(n, d, B_next=self.backward_rep(next_obs), mix_ratio=self.hparams.mix_ratio)
-            next_action = self.policy(next_obs, z, noise=0.0 if self.discrete else self.hparams.target_noise)
-            target_F = self.forward_rep(next_obs, z, None if self.discrete else next_action, target=True)
-            if self.discrete:
-                target_F = target_F[:, torch.arange(n, device=obs.device), next_action]
+            if self.hparams.target_policy == "uniform":
+                target_F = self.forward_rep(next_obs, z, target=True).mean(2)
+            else:
+                next_action = self.policy(next_obs, z, noise=0.0 if self.discrete else self.hparams.target_noise)
+                target_F = self.forward_rep(next_obs, z, None if self.discrete else next_action, target=True)
+                if self.discrete:
+                    target_F = target_F[:, torch.arange(n, device=obs.device), next_action]
             target_B = self.backward_rep(next_obs, target=True)
             target_M = torch.einsum("hnd,md->hnm", target_F, target_B).mean(0)
         F = self.forward_rep(obs, z, None if self.discrete else action.float())
@@ -340,7 +354,7 @@ def goal_states(env: Any, n: int, seed: int = 0) -> list[int]:
 
 @torch.no_grad()
 def evaluate_gridworld(module: FBModule, env: Any, replay: dict[str, Tensor], goals: list[int], k: int,
-                       horizon: int = 100) -> dict[str, Any]:
+                       horizon: int = 100, reward_goals: list[int] | None = None) -> dict[str, Any]:
     """Exact zero-shot scores of an FB model on a :class:`SlipGridWorld` (one-goal rewards ``r = 1[s' = g]``).
 
     For each goal: ``z_r`` from the replay's next states and their rewards; the greedy macro
@@ -349,6 +363,9 @@ def evaluate_gridworld(module: FBModule, env: Any, replay: dict[str, Tensor], go
     a uniform start, divided by the optimal primitive policy's return; the relative error of
     ``F(s, a, z)ᵀB(s')ρ(s')`` against the exact macro successor measure of ``π_z``; and the
     value-error bound :func:`~lit_lowrank.ops.fb.value_error_bound` for ``r``.
+
+    ``reward_goals`` (default ``goals``) are the goals whose rewards ``z_r`` is inferred from: a
+    permutation of ``goals`` scores policies aimed at the wrong goal (a control).
 
     Returns:
         ``normalized_return`` (mean over goals), ``sr_error`` (mean), ``bound_holds`` (every goal),
@@ -368,10 +385,15 @@ def evaluate_gridworld(module: FBModule, env: Any, replay: dict[str, Tensor], go
     sample = next_states[:20000]
     obs_next = torch.from_numpy(env.observe(sample.numpy())).to(device)
     returns, errors, bounds, value_errors, holds = [], [], [], [], []
-    for g in goals:
+    reward_goals = goals if reward_goals is None else reward_goals
+    if len(reward_goals) != len(goals):
+        raise ValueError(f"`reward_goals` has {len(reward_goals)} goals, expected {len(goals)} (one per goal).")
+    for g, g_reward in zip(goals, reward_goals):
         r_states = torch.zeros(S, dtype=torch.float64)
         r_states[g] = 1.0
-        z = module.infer_z(obs_next, r_states[sample].float().to(device))
+        r_infer = torch.zeros(S, dtype=torch.float64)
+        r_infer[g_reward] = 1.0
+        z = module.infer_z(obs_next, r_infer[sample].float().to(device))
         actions = module.act(all_obs, z).cpu()                         # (S,)
         P_pi = Pk[actions, torch.arange(S)]                            # (S, S) macro policy operator
         M_true = successor_measure(P_pi, gamma, P_first=Pk).permute(1, 0, 2).reshape(S * A, S)
@@ -390,6 +412,50 @@ def evaluate_gridworld(module: FBModule, env: Any, replay: dict[str, Tensor], go
             "returns": returns, "sr_errors": errors}
 
 
+@torch.no_grad()
+def evaluate_policy_evaluation(module: FBModule, env: Any, replay: dict[str, Tensor], goals: list[int], k: int
+                               ) -> dict[str, Any]:
+    """Exact scores of an FB model trained with ``target_policy="uniform"`` on a :class:`SlipGridWorld`.
+
+    The target is the SR of the uniform ``k``-repeat macro policy, ``M(s, a, ·) = P_aᵏ (I − γ_k P̃)⁻¹``
+    with ``P̃ = ¼Σ_a P_aᵏ``: a fixed, well-conditioned matrix (the SR of a greedy ``π_z`` changes by
+    tens of percent when one action flips). Returns the relative SR error
+    ``‖F(s, a, z)ᵀB(s')ρ(s') − M‖_F/‖M‖_F`` (mean over the goal latents) and, per one-goal reward
+    ``r = 1[s' = g]``, the value error ``‖V̂ − V‖₂`` of ``V̂(s) = mean_a M̂(s, a, ·) r`` against
+    ``V = P̃(I − γ_k P̃)⁻¹ r`` and ``‖V‖₂`` — what :func:`~lit_lowrank.ops.fb.repeat_value_bound` bounds.
+    """
+    module.eval()
+    device = module.device
+    P = env.transition_tensor()
+    A, S = P.shape[0], P.shape[1]
+    Pk = macro_action_operators(P, k)
+    P_macro = macro_transition(P, k)
+    gamma = float(macro_discount(module.hparams.discount, k, module.hparams.macro_discount))
+    M_true = successor_measure(P_macro, gamma, P_first=Pk).permute(1, 0, 2).reshape(S * A, S)
+    M_state = successor_measure(P_macro, gamma)
+    next_states = replay["next_state"].long()
+    rho = torch.bincount(next_states, minlength=S).double() / len(next_states)
+    all_obs = torch.from_numpy(env.observe(np.arange(S))).to(device)
+    B_all = module.backward_rep(all_obs).double().cpu()
+    sample = next_states[:20000]
+    obs_next = torch.from_numpy(env.observe(sample.numpy())).to(device)
+    errors, value_errors, value_norms = [], [], []
+    for g in goals:
+        r = torch.zeros(S, dtype=torch.float64)
+        r[g] = 1.0
+        z = module.infer_z(obs_next, r[sample].float().to(device))
+        F = module.forward_rep(all_obs, z.expand(S, -1)).mean(0).double().cpu()   # (S, A, d)
+        M_hat = (F.reshape(S * A, -1) @ B_all.T) * rho[None]
+        errors.append(float(relative_sr_error(M_hat, M_true)))
+        v_hat = M_hat.reshape(S, A, S).mean(1) @ r
+        v = M_state @ r
+        value_errors.append(float((v_hat - v).norm()))
+        value_norms.append(float(v.norm()))
+    module.train()
+    return {"sr_error": float(np.mean(errors)), "value_errors": value_errors, "value_norms": value_norms,
+            "sr_errors": errors}
+
+
 def _policy_return(P: Tensor, actions: Tensor, k: int, goal: int, gamma: float, horizon: int) -> Tensor:
     """Expected discounted goal-reaching return ``E[γ^(T_hit − 1)]`` per start of the macro policy.
 
@@ -398,18 +464,25 @@ def _policy_return(P: Tensor, actions: Tensor, k: int, goal: int, gamma: float, 
     """
     S = P.shape[1]
     held = P[actions]                                  # (b, S, S): the operator of b's held action
+    # one repeat from every boundary state b, computed once: the mass entering the goal at each of
+    # its steps, and where the surviving mass is at its end (the goal's column zeroed = terminated)
+    cur = torch.eye(S, dtype=torch.float64)
+    hits, ends = [], []
+    for _ in range(min(k, horizon)):
+        cur = torch.bmm(cur.unsqueeze(1), held).squeeze(1)
+        hits.append(cur[:, goal].clone())
+        cur[:, goal] = 0.0
+        ends.append(cur)
+    hit = torch.stack(hits, dim=1)                     # (b, steps)
     dist = torch.eye(S, dtype=torch.float64)           # (start, boundary state) mass still running
     total = torch.zeros(S, dtype=torch.float64)
     t = 0
     while t < horizon:
-        # within a repeat the distribution from boundary state b is e_b P_{a(b)}^i, minus absorbed mass
-        cur = torch.eye(S, dtype=torch.float64)
-        for _ in range(min(k, horizon - t)):
-            cur = torch.einsum("bs,bst->bt", cur, held)
-            total = total + gamma ** t * (dist @ cur[:, goal])
-            cur[:, goal] = 0.0                         # terminated: the mass leaves the episode
-            t += 1
-        dist = dist @ cur
+        steps = min(k, horizon - t)
+        discounts = gamma ** torch.arange(t, t + steps, dtype=torch.float64)
+        total = total + dist @ (hit[:, :steps] @ discounts)
+        dist = dist @ ends[steps - 1]
+        t += steps
     return total
 
 

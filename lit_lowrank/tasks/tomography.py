@@ -5,17 +5,20 @@ gives the pure state ``ψ`` in a truncated Fock basis (rank-1 factored gradient 
 ``ρ = ψψ†``); the loss compares measured and predicted quadrature distributions:
 
 - ``"msw1"`` (the method): max-sliced Wasserstein-1 — for every phase setting the
-  ``M``-dimensional quadrature distribution is projected on ``num_directions`` directions
-  ``u_φ``, ``W1 = ∫|F_model − F_data|``, and the loss is the max over settings and
-  directions (:mod:`lit_lowrank.ops.sliced_wasserstein`, binned form);
-- ``"sw1"``: the mean over slices (the "sliced" ablation);
+  2-D quadrature distribution is projected on the direction ``u_φ``, ``W1 = ∫|F_model − F_data|``,
+  and ``φ`` is *optimised* over the continuous half circle (dense search of ``num_angles``
+  angles + golden-section refinement, :func:`~lit_lowrank.ops.sliced_wasserstein.max_sliced_w1_on_grid`);
+  the per-setting max-sliced distances are reduced over settings by ``setting_reduction``
+  (``"mean"``, the default, or ``"max"``). One mode has one direction (the W1 of the marginal);
+- ``"sw1"``: the mean over the ``num_angles`` slices (the "sliced" ablation);
 - ``"nll"``: the negative log-likelihood of the records (the NN + NLL baseline).
 
 Batches come from :class:`~lit_lowrank.datamodules.homodyne.HomodyneDataModule`.
 Logged: ``<split>/loss``, ``<split>/fidelity`` (when the batch holds ``true_state``),
 ``<split>/reduced_purity`` (``tr ρ₁²`` of mode 1, < 1 for an entangled two-mode state),
-``method/nn_qst/max_slice_w1`` and ``method/nn_qst/mean_slice_w1``; optionally a Wigner
-plot of mode 1 (``wigner_every_n_epochs``; needs qutip and matplotlib).
+``method/nn_qst/max_slice_w1`` and ``method/nn_qst/mean_slice_w1`` (max and mean over settings
+of the per-setting max-sliced W1; W1 losses only); optionally a Wigner plot of mode 1
+(``wigner_every_n_epochs``; needs qutip and matplotlib).
 """
 
 from __future__ import annotations
@@ -31,10 +34,18 @@ from lit_lowrank.core.logging import log_method
 from lit_lowrank.core.loss_hooks import apply_loss_hooks
 from lit_lowrank.models.fock_wavefunction import FockWavefunction
 from lit_lowrank.ops.homodyne import fidelity_pure, purity, quadrature_basis, reduced_density_matrix
-from lit_lowrank.ops.sliced_wasserstein import projected_cdf, slice_directions, w1_between_cdfs
+from lit_lowrank.ops.sliced_wasserstein import (
+    max_sliced_w1_on_grid,
+    projected_cdf,
+    slice_directions,
+    sliced_w1_on_grid,
+    w1_between_cdfs,
+)
 from lit_lowrank.tasks.base import TaskModule
 
 LOSSES = ("msw1", "sw1", "nll")
+SETTING_REDUCTIONS = ("mean", "max")
+SELECTIONS = ("loss", "nll")
 METHOD = "nn_qst"
 
 
@@ -46,7 +57,11 @@ class TomographyModule(TaskModule):
         cutoff: Fock cutoff per mode.
         loss: ``"msw1"`` (max-sliced W1), ``"sw1"`` (mean-sliced W1) or ``"nll"``.
         hidden_size, num_layers: the MLP.
-        num_directions: slice directions for two modes (``φ_k = kπ/K``; one mode has one).
+        num_angles: angles of the dense direction search for two modes (``φ_k = kπ/K``; also the
+            slices of ``"sw1"``); one mode has one direction.
+        refine_steps: golden-section steps refining the best angle of each setting (0: dense search only).
+        setting_reduction: how the per-setting max-sliced W1 are combined: ``"mean"`` (every
+            setting gets gradient) or ``"max"`` (the worst setting only).
         grid_size: model-density grid points per mode on ``[−L, L]``.
         quadrature_limit: ``L``.
         num_t_bins: bins of the projected CDFs on ``[−L√M, L√M]``.
@@ -68,7 +83,9 @@ class TomographyModule(TaskModule):
         loss: str = "msw1",
         hidden_size: int = 128,
         num_layers: int = 2,
-        num_directions: int = 8,
+        num_angles: int = 32,
+        refine_steps: int = 8,
+        setting_reduction: str = "mean",
         grid_size: int = 64,
         quadrature_limit: float = 7.0,
         num_t_bins: int = 160,
@@ -83,6 +100,10 @@ class TomographyModule(TaskModule):
             raise ValueError(f"`num_modes`={num_modes}, expected 1 or 2.")
         if loss not in LOSSES:
             raise ValueError(f"`loss`={loss!r}, expected one of {LOSSES}.")
+        if setting_reduction not in SETTING_REDUCTIONS:
+            raise ValueError(f"`setting_reduction`={setting_reduction!r}, expected one of {SETTING_REDUCTIONS}.")
+        if num_angles < 3:
+            raise ValueError(f"`num_angles`={num_angles}, expected >= 3.")
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         self.num_modes, self.cutoff, self.loss_name = num_modes, cutoff, loss
         self.wavefunction = FockWavefunction((cutoff,) * num_modes, hidden_size, num_layers)
@@ -90,8 +111,7 @@ class TomographyModule(TaskModule):
         self.register_buffer("grid", grid, persistent=False)
         mesh = torch.meshgrid(*([grid] * num_modes), indexing="ij")
         self.register_buffer("grid_points", torch.stack(mesh, -1).reshape(-1, num_modes), persistent=False)
-        self.register_buffer("directions", slice_directions(num_modes, num_directions, torch.float32),
-                             persistent=False)
+        self.register_buffer("directions", slice_directions(1, 1, torch.float32), persistent=False)
         t_max = quadrature_limit * math.sqrt(num_modes)
         self.register_buffer("t_edges", torch.linspace(-t_max, t_max, num_t_bins + 1), persistent=False)
         self.bin_width = 2 * t_max / num_t_bins
@@ -128,12 +148,22 @@ class TomographyModule(TaskModule):
             amp = torch.einsum("sin,nm,sjm->sij", bases[0], psi, bases[1])
         return (amp.real.square() + amp.imag.square()).reshape(theta.shape[0], -1)
 
-    def data_cdf(self, batch: dict[str, Any]) -> Tensor:
-        """Projected empirical CDFs of the records ``(S, K, T)`` (cached per batch)."""
+    def data_weights(self, batch: dict[str, Any]) -> Tensor:
+        """Record counts on the model's grid points ``(S, G^M)`` (records snapped to the grid; cached)."""
         x, mask = batch["x"], batch.get("mask")
-        weights = torch.ones(x.shape[:2], device=x.device) if mask is None else mask.float()
-        return self._cached("data_cdf", self._key(x), lambda: projected_cdf(self.snap_to_grid(x), weights,
-                                                                           self.directions, self.t_edges))
+
+        def make() -> Tensor:
+            grid = self.grid
+            step = (grid[-1] - grid[0]) / (grid.numel() - 1)
+            index = torch.round((x.to(grid.dtype) - grid[0]) / step).clamp(0, grid.numel() - 1).long()
+            flat = index[..., 0]
+            for m in range(1, self.num_modes):
+                flat = flat * grid.numel() + index[..., m]
+            weights = torch.ones(x.shape[:2], device=x.device) if mask is None else mask.float()
+            counts = torch.zeros(x.shape[0], grid.numel() ** self.num_modes, device=x.device)
+            return counts.scatter_add(1, flat, weights.to(counts.dtype))
+
+        return self._cached("data_weights", self._key(x), make)
 
     def snap_to_grid(self, x: Tensor) -> Tensor:
         """Records moved to their nearest model-grid point (clamped to ``[−L, L]``).
@@ -149,11 +179,28 @@ class TomographyModule(TaskModule):
         index = torch.round((x.to(grid.dtype) - grid[0]) / step).clamp(0, grid.numel() - 1).long()
         return grid[index]
 
-    def slice_distances(self, psi: Tensor, batch: dict[str, Any]) -> Tensor:
-        """W1 per setting and direction ``(S, K)``."""
+    def slice_distances(self, psi: Tensor, batch: dict[str, Any], loss: str = "msw1") -> Tensor:
+        """Per-setting distance ``(S,)``: the max-sliced W1 (``loss="msw1"``, max over the continuous
+        direction) or the sliced W1 (``"sw1"``, mean over ``num_angles`` directions); one mode: the W1
+        of the marginal."""
         density = self.grid_density(psi, batch["theta"])
-        model_cdf = projected_cdf(self.grid_points, density, self.directions, self.t_edges)
-        return w1_between_cdfs(model_cdf, self.data_cdf(batch), self.bin_width, reduction="none")
+        data = self.data_weights(batch)
+        if self.num_modes == 1:
+            model_cdf = projected_cdf(self.grid_points, density, self.directions, self.t_edges)
+            data_cdf = projected_cdf(self.grid_points, data, self.directions, self.t_edges)
+            return w1_between_cdfs(model_cdf, data_cdf, self.bin_width, reduction="none")[:, 0]
+        if loss == "sw1":
+            return sliced_w1_on_grid(self.grid_points, density, data, self.t_edges, self.hparams.num_angles)
+        values, angles = max_sliced_w1_on_grid(self.grid_points, density, data, self.t_edges,
+                                               self.hparams.num_angles, self.hparams.refine_steps)
+        self.last_angles = angles
+        return values
+
+    def sliced_loss(self, psi: Tensor, batch: dict[str, Any]) -> Tensor:
+        """The W1 objective of ``loss`` (``"msw1"`` or ``"sw1"``) reduced over settings."""
+        name = "sw1" if self.loss_name == "sw1" else "msw1"
+        values = self.slice_distances(psi, batch, name)
+        return values.max() if self.hparams.setting_reduction == "max" and name == "msw1" else values.mean()
 
     def nll(self, psi: Tensor, batch: dict[str, Any]) -> Tensor:
         """Mean negative log-likelihood of the (masked) records."""
@@ -174,14 +221,20 @@ class TomographyModule(TaskModule):
     def step(self, batch: dict[str, Any]) -> dict[str, Any]:
         self._check_batch(batch)
         psi = self()
-        slices = self.slice_distances(psi, batch)
-        if self.loss_name == "msw1":
-            loss = slices.max()
-        elif self.loss_name == "sw1":
-            loss = slices.mean()
-        else:
-            loss = self.nll(psi, batch)
+        if self.loss_name == "nll":
+            return {"loss": self.nll(psi, batch), "state": psi, "slice_w1": None, "category": None}
+        name = "sw1" if self.loss_name == "sw1" else "msw1"
+        slices = self.slice_distances(psi, batch, name)
+        reduce_max = self.hparams.setting_reduction == "max" and name == "msw1"
+        loss = slices.max() if reduce_max else slices.mean()
         return {"loss": loss, "state": psi, "slice_w1": slices.detach(), "category": None}
+
+    def criterion(self, batch: dict[str, Any], select: str = "loss") -> float:
+        """A data-only score of the current state (lower is better): its own loss or the records' NLL."""
+        if select not in SELECTIONS:
+            raise ValueError(f"`select`={select!r}, expected one of {SELECTIONS}.")
+        with torch.no_grad():
+            return float(self.step(batch)["loss"] if select == "loss" else self.nll(self(), batch))
 
     def _metrics(self, outputs: dict[str, Any], batch: dict[str, Any]) -> dict[str, Tensor]:
         psi = outputs["state"].detach()
@@ -194,8 +247,9 @@ class TomographyModule(TaskModule):
         outputs = self.step(batch)
         loss = apply_loss_hooks(self, batch, outputs, outputs["loss"])
         self.log_split("train", {"loss": loss, **self._metrics(outputs, batch)}, batch_size=1)
-        log_method(self, METHOD, "max_slice_w1", outputs["slice_w1"].max())
-        log_method(self, METHOD, "mean_slice_w1", outputs["slice_w1"].mean())
+        if outputs["slice_w1"] is not None:
+            log_method(self, METHOD, "max_slice_w1", outputs["slice_w1"].max())
+            log_method(self, METHOD, "mean_slice_w1", outputs["slice_w1"].mean())
         return loss
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
@@ -244,13 +298,11 @@ def fit_with_restarts(
     """Fit ``restarts`` independently initialised modules; keep the best by a data-only criterion.
 
     Each restart seeds torch with ``seed + r`` and runs ``steps`` full-batch Adam steps
-    (cosine learning rate). Selection uses only the fitter's own objective, evaluated once
-    more after the last step — never the fidelity, since the true state is unknown to the
-    fitter. Restarts guard against the spurious odd-cat minimum some fits converge to.
-    ``select="nll"`` ranks restarts by the records' negative log-likelihood instead: the
-    sliced-W1 losses barely see the interference fringes that tell ``|α,α⟩ ± |−α,−α⟩``
-    apart (both parities reach the same max-sliced W1 to 1e-4 on noisy records), while
-    the likelihood separates them by ~0.025 nats per record.
+    (cosine learning rate). Selection uses only data, evaluated once more after the last
+    step — never the fidelity, since the true state is unknown to the fitter. ``select="loss"``
+    (the default) ranks restarts by each fit's *own* objective (MSW1 for the method, NLL for
+    the NLL baseline); ``select="nll"`` ranks every fit by the records' likelihood (the NLL
+    baseline's criterion: using it for an MSW1 fit borrows the baseline's estimator).
 
     Args:
         batch: a full batch from :class:`~lit_lowrank.datamodules.homodyne.HomodyneDataModule`.
@@ -271,8 +323,8 @@ def fit_with_restarts(
     """
     if restarts < 1:
         raise ValueError(f"`restarts`={restarts}, expected an integer >= 1.")
-    if select not in ("loss", "nll"):
-        raise ValueError(f"`select`={select!r}, expected 'loss' or 'nll'.")
+    if select not in SELECTIONS:
+        raise ValueError(f"`select`={select!r}, expected one of {SELECTIONS}.")
     best: TomographyModule | None = None
     losses: list[float] = []
     for r in range(restarts):
@@ -286,8 +338,7 @@ def fit_with_restarts(
             opt.step()
             sched.step()
         module.eval()
-        with torch.no_grad():
-            losses.append(float(module.step(batch)["loss"] if select == "loss" else module.nll(module(), batch)))
+        losses.append(module.criterion(batch, select))
         if best is None or losses[-1] < min(losses[:-1]):
             best = module
     assert best is not None

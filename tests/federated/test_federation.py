@@ -11,7 +11,14 @@ import torch
 
 from lit_lowrank.datamodules.flows import FlowsDataModule
 from lit_lowrank.federated.client import flatten_moments
-from lit_lowrank.federated.server import METHODS, evaluate_episodes, fedavg, make_clients, run_federation
+from lit_lowrank.federated.server import (
+    METHODS,
+    evaluate_episodes,
+    fedavg,
+    make_clients,
+    run_federation,
+    secure_sum_round,
+)
 
 SMALL = dict(num_clients=3, alpha=0.5, samples_per_class=40, seed=0)
 
@@ -84,3 +91,9 @@ def test_flower_server_and_client_apps_with_secaggplus():
     np.testing.assert_allclose(counts, plain[: len(dm.base_names)], atol=0.01)
     np.testing.assert_allclose(result.total_moments, plain, rtol=1e-3, atol=1.0)
     assert result.bank.labels == dm.base_names
+    # the benchmark's in-process pairwise-masked sum gives Flower SecAgg+'s total on the same encoder
+    # (features stay inside SecAgg+'s ±30 clipping here, so the clip changes nothing)
+    inprocess = secure_sum_round(make_clients(dm, result.model_kwargs), result.state)
+    np.testing.assert_allclose(inprocess, plain, rtol=1e-6, atol=1e-4)
+    np.testing.assert_allclose(inprocess[: len(dm.base_names)], counts, atol=0.01)
+    np.testing.assert_allclose(inprocess, result.total_moments, rtol=1e-3, atol=1.0)

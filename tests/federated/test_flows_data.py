@@ -7,9 +7,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lit_lowrank.datamodules.flows import FLOW_FEATURES, FlowsDataModule, load_flow_csv, normalize_label
+from lit_lowrank.datamodules.flows import (
+    FLOW_FEATURES,
+    LABEL_MECHANISMS,
+    UNSW_FEATURES,
+    FlowsDataModule,
+    load_flow_csv,
+    load_unsw_csv,
+    normalize_label,
+    simulate_flows,
+)
 
 FIXTURE = Path(__file__).parent / "data" / "cicids2017_tiny.csv"
+UNSW_FIXTURE = Path(__file__).parent / "data" / "unsw_nb15_tiny.csv"
 
 
 def test_fixture_loader_cleans_inf_nan_and_unknown_labels():
@@ -60,3 +70,57 @@ def test_datamodule_on_the_fixture_and_simulated_default():
     assert sum(sizes) == len(sim.train_y) and sim.partition_stats["mean_tv"] > 0.3
     batch = next(iter(FlowsDataModule(rounds=3, samples_per_class=30, num_clients=2).train_dataloader()))
     assert set(batch) == {"round"}
+
+
+def test_unsw_loader_on_a_fixture_in_the_partitioned_set_layout():
+    # fixture: 15 rows in UNSW_NB15_training-set.csv's 45 columns; ' Fuzzers ' padded, 'Backdoors' spelled
+    # as in the raw files, an empty attack_cat (normal), one blank numeric cell, one unknown category
+    x, y, report = load_unsw_csv(UNSW_FIXTURE)
+    assert report == {"rows": 15, "kept": 13, "dropped_nonfinite": 1, "dropped_unknown": 1}
+    assert x.shape == (13, 39) and np.isfinite(x).all() and len(UNSW_FEATURES) == 39
+    assert list(y).count("Normal") == 3 and "Fuzzers" in y and "Backdoor" in y and "Generic" in y
+    assert set(y) <= {"Normal", "Generic", "Exploits", "Fuzzers", "DoS", "Reconnaissance", "Analysis", "Backdoor",
+                      "Shellcode", "Worms"}
+    with pytest.raises(ValueError, match="Mystery"):
+        load_unsw_csv(UNSW_FIXTURE, unknown_labels="error")
+    assert load_unsw_csv(UNSW_FIXTURE, unknown_labels="other")[2]["kept"] == 14
+    bad = UNSW_FIXTURE.parent / "cicids2017_tiny.csv"
+    with pytest.raises(ValueError, match="attack_cat"):
+        load_unsw_csv(bad)
+    dm = FlowsDataModule(source="unsw-nb15", root=str(UNSW_FIXTURE), novel_classes=["Worms", "Shellcode"],
+                         num_clients=2, alpha=1.0, val_fraction=0.0)
+    dm.setup()
+    assert dm.num_features == 39 and dm.novel_x.shape == (2, 39) and "Normal" in dm.base_names
+
+
+def test_simulated_worlds_relate_statistics_to_labels_as_documented():
+    def class_means(world):
+        x, y = simulate_flows(samples_per_class=150, seed=0, world=world)
+        z = np.sign(x) * np.log1p(np.abs(x))
+        return {c: z[y == c].mean(0) for c in sorted(set(y))}
+
+    def dist(m, a, b):
+        return float(np.linalg.norm(m[a] - m[b]))
+
+    leaky, mech, null = class_means("leaky"), class_means("mechanisms"), class_means("decoupled")
+    # leaky: a family-mate is a near-copy (closer than any class of another family)
+    assert dist(leaky, "DoS slowloris", "DoS Slowhttptest") < 0.5 * dist(leaky, "DoS slowloris", "PortScan")
+    # mechanisms: shared mechanisms make classes closer than unrelated ones, but no class is a copy
+    assert LABEL_MECHANISMS["DoS slowloris"] == LABEL_MECHANISMS["DoS Slowhttptest"]
+    shared = dist(mech, "DoS slowloris", "DoS Slowhttptest")
+    assert shared < dist(mech, "DoS slowloris", "PortScan")
+    assert shared > dist(leaky, "DoS slowloris", "DoS Slowhttptest")
+    # decoupled: the same label pair no longer shares mechanisms
+    assert dist(null, "DoS slowloris", "DoS Slowhttptest") > shared
+    with pytest.raises(ValueError, match="world"):
+        simulate_flows(10, world="magic")
+
+
+def test_novel_rows_are_partitioned_over_clients():
+    dm = FlowsDataModule(num_clients=4, alpha=0.1, samples_per_class=60, seed=2)
+    dm.setup()
+    held = [dm.client_novel(k) for k in range(4)]
+    assert sum(len(y) for _, y in held) == len(dm.novel_y)
+    assert all(x.shape[1] == 78 for x, _ in held)
+    with pytest.raises(ValueError, match="client"):
+        dm.client_novel(4)

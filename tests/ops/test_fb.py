@@ -7,17 +7,24 @@ import math
 import pytest
 import torch
 
+from lit_lowrank.datamodules.rl_envs import SlipGridWorld
 from lit_lowrank.ops.fb import (
     estimate_transition_operator,
     fb_loss,
+    goal_reaching_operators,
     macro_discount,
     macro_reward,
+    macro_task,
     macro_transition,
+    optimal_repeat_values,
     orthonormality_loss,
     rank_value_floor,
     relative_sr_error,
+    repeat_value_bound,
+    repeat_value_gap,
     sample_z,
     sr_effective_rank,
+    sr_tail,
     successor_measure,
     successor_representation,
     transition_spectrum,
@@ -204,3 +211,44 @@ def test_value_error_bound_and_rank_floor():
     s = torch.linalg.svdvals(M)
     assert rank_value_floor(M, 3).item() == pytest.approx((s[3] / s[0]).item())
     assert rank_value_floor(M, 8).item() == 0.0
+
+
+def test_repeat_value_bound_is_eckart_young_and_the_spectrum():
+    P = SlipGridWorld(size=6, slip=0.2).transition_tensor()
+    r = torch.zeros(36, dtype=torch.float64)
+    r[7] = 1.0
+    for k in (1, 2, 4):
+        out = repeat_value_bound(P, 0.95, k, 8, r)
+        # the best rank-d FB (truncated SVD of the macro SR) satisfies the bound: true by construction
+        assert out["truncation_error"] <= out["bound"] * (1 + 1e-9)
+        assert out["bound"] == pytest.approx(out["sigma_tail"] * float(r.norm()))
+    # k = 1: the uniform policy's operator is symmetric, so σ_(d+1) is the spectral |λ|/|1 − γλ|
+    one = repeat_value_bound(P, 0.95, 1, 8, r)
+    assert one["spectral_tail"] == pytest.approx(one["sigma_tail"], rel=1e-8)
+    # the low-pass: the tail shrinks with k (γᵏ per macro step)
+    tails = [repeat_value_bound(P, 0.95, k, 8, r)["sigma_tail"] for k in (1, 2, 4, 8)]
+    assert tails[-1] < tails[0]
+    worst = sr_tail(macro_transition(P, 1), 0.95, 8)
+    assert worst["sigma_tail"] <= worst["sigma_top"]
+    with pytest.raises(ValueError, match="d"):
+        sr_tail(macro_transition(P, 1), 0.95, 36)
+
+
+def test_macro_task_and_the_price_of_repeating():
+    P = SlipGridWorld(size=5, slip=0.1).transition_tensor()
+    r = torch.zeros(25, dtype=torch.float64)
+    r[12] = 1.0
+    R1, P1, g1 = macro_task(P, r, 0.9, 1)
+    torch.testing.assert_close(R1, P @ r) and torch.testing.assert_close(P1, P)
+    assert g1 == pytest.approx(0.9)
+    R2, P2, g2 = macro_task(P, r, 0.9, 2)
+    torch.testing.assert_close(R2, P @ r + 0.9 * (P @ P @ r))
+    assert g2 == pytest.approx(0.81)
+    # k = 1 value iteration is the primitive optimum (Bellman equation holds)
+    v, a = optimal_repeat_values(P, r, 0.9, 1)
+    torch.testing.assert_close(v, (P @ (r + 0.9 * v)).max(0).values, atol=1e-6, rtol=0)
+    # goal-reaching: the goal row is absorbing-without-reward; repeats can only lose value
+    absorbing = goal_reaching_operators(P, 12)
+    assert float(absorbing[:, 12].abs().sum()) == 0.0 and torch.equal(absorbing[:, 3], P[:, 3])
+    gaps = [repeat_value_gap(P, 12, 0.9, k) for k in (1, 2, 4)]
+    assert gaps[0] == 0.0 and all(g >= -1e-9 for g in gaps) and gaps[2] > 0

@@ -131,3 +131,23 @@ def test_checkpoint_round_trip(tmp_path):
     reloaded = FBModule.load_from_checkpoint(path)
     z = torch.ones(8)
     torch.testing.assert_close(reloaded(torch.eye(16), z.expand(16, -1)), model(torch.eye(16), z.expand(16, -1)))
+
+
+def test_policy_evaluation_mode_learns_the_uniform_repeat_sr(tmp_path):
+    from lit_lowrank.tasks.fb import evaluate_policy_evaluation
+
+    torch.manual_seed(0)
+    data = ReplayDataModule("gridworld", {"size": 4, "slip": 0.2}, k=2, num_transitions=4000, batch_size=128,
+                            val_fraction=0.0)
+    model = _grid_module(discount=0.8, target_policy="uniform", tau=0.2,
+                         optimizer=lambda p: torch.optim.Adam(p, lr=3e-3))
+    data.setup("fit")
+    before = evaluate_policy_evaluation(model, data.env, data.data, [3, 12], k=2)
+    _trainer(tmp_path, steps=300).fit(model, datamodule=data)
+    after = evaluate_policy_evaluation(model, data.env, data.data, [3, 12], k=2)
+    assert after["sr_error"] < 0.6 * before["sr_error"]
+    assert len(after["value_errors"]) == 2 and all(e < n for e, n in zip(after["value_errors"], after["value_norms"]))
+    with pytest.raises(ValueError, match="target_policy"):
+        _grid_module(target_policy="random")
+    with pytest.raises(ValueError, match="discrete"):
+        FBModule(obs_dim=2, action_dim=2, target_policy="uniform")

@@ -110,12 +110,24 @@ def test_restarts_can_be_selected_by_likelihood():
 def test_losses_are_differentiable_and_slices_shaped():
     dm = HomodyneDataModule("two_mode_cat", num_phases=2, shots=400, seed=1)
     dm.setup()
-    module = TomographyModule(num_modes=2, cutoff=6, num_directions=5, grid_size=32)
+    module = TomographyModule(num_modes=2, cutoff=6, num_angles=5, grid_size=32)
     out = module.step(dm.batch)
-    assert out["slice_w1"].shape == (4, 5) and out["state"].shape == (6, 6)
-    assert float(out["loss"].detach()) == pytest.approx(float(out["slice_w1"].max()))
+    # one max-sliced W1 per setting (the direction optimised), averaged over the settings
+    assert out["slice_w1"].shape == (4,) and out["state"].shape == (6, 6)
+    assert float(out["loss"].detach()) == pytest.approx(float(out["slice_w1"].mean()))
+    assert module.last_angles.shape == (4,) and ((module.last_angles >= 0) & (module.last_angles < math.pi)).all()
     out["loss"].backward()
     assert all(p.grad is not None for p in module.parameters())
+    worst = TomographyModule(num_modes=2, cutoff=6, num_angles=5, grid_size=32, setting_reduction="max")
+    worst.load_state_dict(module.state_dict())
+    out_max = worst.step(dm.batch)
+    assert float(out_max["loss"].detach()) == pytest.approx(float(out_max["slice_w1"].max()))
+    sliced = TomographyModule(num_modes=2, cutoff=6, num_angles=5, grid_size=32, loss="sw1")
+    sliced.load_state_dict(module.state_dict())
+    # the mean over directions never exceeds the max over them, setting by setting
+    assert (sliced.step(dm.batch)["slice_w1"] <= out["slice_w1"] + 1e-6).all()
+    with pytest.raises(ValueError, match="setting_reduction"):
+        TomographyModule(setting_reduction="sum")
     with pytest.raises(ValueError, match="num_modes=1"):
         TomographyModule(num_modes=1).step(dm.batch)
     with pytest.raises(ValueError, match="loss"):
