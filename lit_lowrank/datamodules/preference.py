@@ -26,7 +26,8 @@ from pathlib import Path
 
 from lit_lowrank.datamodules._paths import package_file, require_path
 
-__all__ = ["DEGRADATIONS", "PreferencePair", "degradation_pairs", "lee_documents", "load_rewardbench"]
+__all__ = ["DEGRADATIONS", "PreferencePair", "degradation_pairs", "lee_documents", "load_rewardbench",
+           "reference_texts"]
 
 #: How a good response is degraded into the rejected one:
 #:   repetition: the first sentence's opening words looped until the length of the original;
@@ -50,6 +51,15 @@ def lee_documents() -> list[str]:
     """The 300 articles of gensim's Lee news corpus, one string each."""
     lines = package_file("gensim", "test/test_data/lee_background.cor").read_text(encoding="utf-8").splitlines()
     return [line.strip() for line in lines if line.strip()]
+
+
+def reference_texts(n: int = 32) -> list[str]:
+    """The first ``n`` articles of gensim's Lee *test* corpus (``lee.cor``, 50 articles, disjoint from
+    :func:`lee_documents`): the natural text whose stable rank at each length normalises a response's
+    (:meth:`~lit_lowrank.decoding.ResponseScorer.length_reference`)."""
+    # lee.cor is latin-1 (a pound sign), unlike lee_background.cor
+    lines = package_file("gensim", "test/test_data/lee.cor").read_text(encoding="latin-1").splitlines()
+    return [line.strip() for line in lines if line.strip()][:n]
 
 
 def _sentences(text: str) -> list[str]:
