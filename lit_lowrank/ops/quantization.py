@@ -235,10 +235,33 @@ def uniform_bits(out_features: int, in_features: int, bits: int, group_size: int
     return BitsBreakdown(n, n * bits, out_features * num_groups(in_features, group_size) * 2 * FP16_BITS)
 
 
-def _group_params(w_groups: Tensor, bits: int) -> tuple[Tensor, Tensor]:
-    """fp16-representable (minimum, step) of min-max asymmetric quantization, ``w_groups: (..., g)``."""
+def _group_params(w_groups: Tensor, bits: int, clip_grid: int = 0, max_shrink: float = 0.8,
+                  norm: float = 2.4) -> tuple[Tensor, Tensor]:
+    """fp16-representable (minimum, step) of asymmetric quantization, ``w_groups: (..., g)``.
+
+    ``clip_grid = 0``: min-max. ``clip_grid = n > 0``: GPTQ's clipping search (IST-DASLab/gptq
+    ``Quantizer(mse=True)``): the range ``[p lo, p hi]`` is shrunk towards zero for
+    ``p = 1, 1 - 1/n, ...`` down to ``1 - max_shrink`` and each group keeps the ``p`` with the
+    smallest ``sum |w_hat - w|^norm`` (GPTQ's published grid 100, max shrink 0.8, norm 2.4).
+    """
     lo = w_groups.amin(-1)
     hi = w_groups.amax(-1)
+    lo16, step16 = _fp16_params(lo, hi, bits)
+    if clip_grid <= 0:
+        return lo16, step16
+    best = _group_error(w_groups, lo16, step16, bits, norm)
+    for i in range(1, int(max_shrink * clip_grid) + 1):
+        p = 1.0 - i / clip_grid
+        lo_p, step_p = _fp16_params(p * lo, p * hi, bits)
+        err = _group_error(w_groups, lo_p, step_p, bits, norm)
+        better = err < best
+        best = torch.where(better, err, best)
+        lo16 = torch.where(better, lo_p, lo16)
+        step16 = torch.where(better, step_p, step16)
+    return lo16, step16
+
+
+def _fp16_params(lo: Tensor, hi: Tensor, bits: int) -> tuple[Tensor, Tensor]:
     step = (hi - lo) / ((1 << bits) - 1)
     # the stored values are fp16: quantize with exactly what the decoder will read
     lo16 = lo.half().float()
@@ -248,17 +271,23 @@ def _group_params(w_groups: Tensor, bits: int) -> tuple[Tensor, Tensor]:
     return lo16, step16
 
 
+def _group_error(w_groups: Tensor, lo: Tensor, step: Tensor, bits: int, norm: float) -> Tensor:
+    q = _round_codes(w_groups, lo[..., None], step[..., None], bits)
+    return (lo[..., None] + step[..., None] * q - w_groups).abs().pow(norm).sum(-1)
+
+
 def _round_codes(w: Tensor, lo: Tensor, step: Tensor, bits: int) -> Tensor:
     return torch.clamp(torch.round((w - lo) / step), 0, (1 << bits) - 1)
 
 
-def rtn_quantize(w: Tensor, bits: int, group_size: int = 128) -> UniformCodes:
-    """Round-to-nearest, group-wise asymmetric min-max quantization along the input dimension.
+def rtn_quantize(w: Tensor, bits: int, group_size: int = 128, clip_grid: int = 0) -> UniformCodes:
+    """Round-to-nearest, group-wise asymmetric quantization along the input dimension.
 
     Args:
         w: ``(out, in)`` weight.
         bits: code bits per weight (1..8).
         group_size: weights per group along a row (a ragged last group is allowed).
+        clip_grid: 0 for min-max ranges, else the clipping-search grid (see :func:`gptq_quantize`).
 
     Returns:
         :class:`UniformCodes` (fp16 minimum and step per group).
@@ -271,7 +300,7 @@ def rtn_quantize(w: Tensor, bits: int, group_size: int = 128) -> UniformCodes:
     _check_weight(w, group_size, bits)
     w = w.detach().float()
     groups = grouped(w, group_size)
-    lo, step = _group_params(groups, bits)
+    lo, step = _group_params(groups, bits, clip_grid)
     codes = _round_codes(groups, lo[..., None], step[..., None], bits).reshape(w.shape[0], -1)[:, : w.shape[1]]
     return UniformCodes(codes.long(), lo.half(), step.half(), bits, group_size)
 
@@ -285,7 +314,7 @@ def uniform_dequantize(q: UniformCodes, rows: slice | None = None) -> Tensor:
 
 
 def gptq_quantize(w: Tensor, hessian: Tensor, bits: int, group_size: int = 128, damp: float = 0.01,
-                  block_size: int = 128) -> UniformCodes:
+                  block_size: int = 128, clip_grid: int = 0) -> UniformCodes:
     """GPTQ: quantize columns one at a time and push each column's error onto the columns not
     yet quantized, weighted by the inverse Hessian (Frantar et al., arXiv 2210.17323).
 
@@ -299,6 +328,12 @@ def gptq_quantize(w: Tensor, hessian: Tensor, bits: int, group_size: int = 128, 
         bits, group_size: the format (as :func:`rtn_quantize`).
         damp: added to the diagonal, as a fraction of its mean (numerical stability).
         block_size: columns per lazy-update block.
+        clip_grid: 0 for min-max group ranges; ``n > 0`` searches each group's range over ``n``
+            shrink steps (GPTQ's ``--mse`` option; its published grid is 100) on the error-updated
+            weights when the sweep reaches the group.
+
+    Rows are independent given ``hessian``: layers that read the same input (q/k/v, gate/up)
+    can be quantized in one call on their stacked rows.
 
     .. code-block:: python
 
@@ -333,7 +368,7 @@ def gptq_quantize(w: Tensor, hessian: Tensor, bits: int, group_size: int = 128, 
             g = col // group_size
             if col % group_size == 0:
                 current = torch.cat([block[:, i:], weight[:, b1:]], dim=1)[:, : group_size]
-                lo[:, g], step[:, g] = _group_params(grouped(current, group_size)[:, 0], bits)
+                lo[:, g], step[:, g] = _group_params(grouped(current, group_size)[:, 0], bits, clip_grid)
             q = _round_codes(block[:, i], lo[:, g], step[:, g], bits)
             codes[:, col] = q
             err = (block[:, i] - (lo[:, g] + step[:, g] * q)) / h_block[i, i]
@@ -387,6 +422,20 @@ def hadamard_rotate(x: Tensor, signs: Tensor, block: int) -> Tensor:
         y = torch.stack([a + b, a - b], dim=3)
         h *= 2
     return (y.reshape(*lead, features) / math.sqrt(block))
+
+
+def rotate_hessian(hessian: Tensor, signs: Tensor, block: int) -> Tensor:
+    """``R H R^T`` for the rotation of :func:`hadamard_rotate`: the Hessian of the rotated inputs ``R x``.
+
+    A layer quantized in the rotated basis (``W R^T``, inputs ``R x``) sees ``E[(R x)(R x)^T] = R H R^T``.
+
+    .. code-block:: python
+
+        h_rot = rotate_hessian(x.T @ x, signs, block)       # == (R x)^T-stacked Gram matrix
+    """
+    if hessian.dim() != 2 or hessian.shape[0] != hessian.shape[1]:
+        raise ValueError(f"`hessian` must be square (in, in), got shape {tuple(hessian.shape)}.")
+    return hadamard_rotate(hadamard_rotate(hessian, signs, block).T.contiguous(), signs, block)
 
 
 def relative_error(w: Tensor, w_hat: Tensor) -> float:

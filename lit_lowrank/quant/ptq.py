@@ -102,7 +102,7 @@ def collect_hessians(model: nn.Module, layers: dict[str, nn.Module], batches: It
 
     .. code-block:: python
 
-        layers = select_linears(model, target=r"mlp\.")
+        layers = select_linears(model, target=r"mlp\\.")
         hessians = collect_hessians(model, layers, [batch_a, batch_b])   # name -> (in, in)
     """
     sums: dict[str, Tensor] = {}
