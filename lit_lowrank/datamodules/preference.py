@@ -6,13 +6,15 @@
   network exists and pass its path.
 - :func:`degradation_pairs`: the embedded default. Prompts ask to continue a news article of
   gensim's Lee corpus (ships with ``gensim``); the chosen response is the article's real
-  continuation and the rejected one the same continuation degraded in one of four documented,
+  continuation and the rejected one the same continuation degraded in one of five documented,
   seeded ways (:data:`DEGRADATIONS`): a repetition loop, truncation, words shuffled within each
-  sentence, or an off-topic continuation taken from another article.
+  sentence, an off-topic continuation taken from another article, or the continuation followed by
+  a loop of its last words. Truncation makes the rejected response shorter and the looped tail
+  makes it longer, so response length alone cannot sort the pairs.
 
 .. code-block:: python
 
-    pairs = degradation_pairs(n_prompts=16, seed=0)          # 16 x 4 pairs
+    pairs = degradation_pairs(n_prompts=16, seed=0)          # 16 x 5 pairs
     pairs = load_rewardbench("~/data/reward-bench/filtered.parquet")
 """
 
@@ -33,8 +35,9 @@ __all__ = ["DEGRADATIONS", "PreferencePair", "degradation_pairs", "lee_documents
 #:   repetition: the first sentence's opening words looped until the length of the original;
 #:   truncation: cut after the first third of its words, mid-sentence;
 #:   shuffled:   the words of each sentence put in a random order (fluency destroyed, topic kept);
-#:   off_topic:  the continuation of a different article (fluent, wrong topic).
-DEGRADATIONS: tuple[str, ...] = ("repetition", "truncation", "shuffled", "off_topic")
+#:   off_topic:  the continuation of a different article (fluent, wrong topic);
+#:   looped_tail: the whole continuation, then its last four words looped until it is twice as long.
+DEGRADATIONS: tuple[str, ...] = ("repetition", "truncation", "shuffled", "off_topic", "looped_tail")
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,12 @@ def _degrade(kind: str, response: str, other: str, rng: random.Random) -> str:
         return " ".join(shuffled)
     if kind == "off_topic":
         return other
+    if kind == "looped_tail":
+        tail = words[-4:]
+        out = list(words)
+        while len(out) < 2 * len(words):
+            out += tail
+        return " ".join(out[: 2 * len(words)])
     raise ValueError(f"degradation {kind!r} unknown, expected one of {DEGRADATIONS}.")
 
 
