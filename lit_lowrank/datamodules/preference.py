@@ -128,7 +128,8 @@ def degradation_pairs(
         context = " ".join(doc[:context_sentences])
         response = " ".join(doc[context_sentences:need])
         other = " ".join(partner[context_sentences:need])
-        prompt = f"Continue this news article with two more sentences.\n\n{context}"
+        more = "one more sentence" if response_sentences == 1 else f"{response_sentences} more sentences"
+        prompt = f"Continue this news article with {more}.\n\n{context}"
         for kind in kinds:
             pairs.append(PreferencePair(prompt, response, _degrade(kind, response, other, rng), kind))
     return pairs

@@ -41,7 +41,7 @@ from lit_lowrank.ops.stable_rank import (
 )
 
 __all__ = [
-    "SIGNALS", "BestOfNResult", "ResponseScorer", "StableRankReward", "best_of_n", "evaluate_pairs",
+    "SIGNALS", "BestOfNResult", "ResponseScorer", "StableRankReward", "best_of_n", "evaluate_pairs", "padded_chunks",
     "decode_completion", "eos_token_ids", "pairwise_accuracy", "sample_responses", "select_best",
 ]
 
@@ -194,9 +194,12 @@ class ResponseScorer:
         groups: dict[tuple[int, ...], list[int]] = {}
         for i, p in enumerate(prompt_ids):
             groups.setdefault(tuple(int(t) for t in p), []).append(i)
-        chunks = [idx[s:s + self.batch_size] for key, idx in groups.items() if key and len(idx) > 1
-                  for s in range(0, len(idx), self.batch_size)]
-        singles = [i for key, idx in groups.items() if not key or len(idx) == 1 for i in idx]
+        length = [len(c) if not self.max_response_tokens else min(len(c), self.max_response_tokens)
+                  for c in completion_ids]
+        chunks = [chunk for key, idx in groups.items() if key and len(idx) > 1
+                  for chunk in padded_chunks(idx, length, len(key), self.batch_size)]
+        singles = sorted((i for key, idx in groups.items() if not key or len(idx) == 1 for i in idx),
+                         key=lambda i: len(prompt_ids[i]) + length[i])   # similar lengths share a padded batch
         chunks += [singles[s:s + self.batch_size] for s in range(0, len(singles), self.batch_size)]
         out = {s: torch.empty(len(prompt_ids)) for s in signals}
         need_logits = any(s in LOGIT_SIGNALS for s in signals)
@@ -266,7 +269,8 @@ class ResponseScorer:
         device = next(self.model.parameters()).device
         first = self.model(input_ids=torch.tensor([prompt], device=device), use_cache=True, logits_to_keep=1)
         # transformers 5.2x names the KV cache `cache` (argument and output); earlier versions `past_key_values`
-        cache_arg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model  # PEFT
+        cache_arg = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
         cache = getattr(first, cache_arg)
         k, width = len(completions), max(max(len(c) for c in completions), 1)
         cache.batch_repeat_interleave(k)
@@ -315,6 +319,29 @@ class ResponseScorer:
         """Every requested signal for text (or message-list) prompts and completions."""
         return self.score_ids([self.prompt_ids(p) for p in prompts], [self.completion_ids(c) for c in completions],
                               signals)
+
+
+def padded_chunks(indices: Sequence[int], lengths: Sequence[int], prefix: int, max_size: int) -> list[list[int]]:
+    """Split completions of one prompt into forward batches that pad least.
+
+    A batch costs ``prefix + size * longest`` tokens (the prompt runs once per batch, completions are padded to
+    the longest); sorted by length, the cheapest split into consecutive runs of at most ``max_size`` is found
+    by dynamic programming (a looped 80-token response no longer pads seven 30-token ones).
+    """
+    order = sorted(indices, key=lambda i: lengths[i])
+    n = len(order)
+    best = [0.0] + [float("inf")] * n          # best[j]: cheapest split of order[:j]
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(max(0, j - max_size), j):
+            cost = best[i] + prefix + (j - i) * max(lengths[order[j - 1]], 1)
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    chunks, j = [], n
+    while j > 0:
+        chunks.append(order[cut[j]:j])
+        j = cut[j]
+    return chunks[::-1]
 
 
 class StableRankReward:

@@ -84,6 +84,17 @@ def test_shared_prompt_groups_score_like_separate_sequences(lm):
     assert float(grouped["stable_rank"][2]) == 0.0 and float(grouped["length"][2]) == 0.0
 
 
+def test_padded_chunks_split_where_padding_costs_most():
+    from lit_lowrank.decoding.stable_rank import padded_chunks
+
+    lengths = {0: 30, 1: 31, 2: 29, 3: 80, 4: 30}
+    chunks = padded_chunks([0, 1, 2, 3, 4], lengths, prefix=10, max_size=8)
+    assert chunks == [[2, 0, 4, 1], [3]]                   # the long one alone: 10 + 4*31 + 10 + 80 < 10 + 5*80
+    assert sorted(i for c in padded_chunks(list(range(20)), {i: 5 for i in range(20)}, 50, 8) for i in c) == \
+        list(range(20))
+    assert all(len(c) <= 8 for c in padded_chunks(list(range(20)), {i: 5 for i in range(20)}, 50, 8))
+
+
 def test_length_reference_is_fitted_once_from_the_reference_texts(lm):
     model, tok = lm
     scorer = ResponseScorer(model, tok, reference_texts=REFERENCE, reference_tokens=24)
