@@ -30,6 +30,7 @@ from lit_lowrank.ops.quantization import (
     BitsBreakdown,
     UniformCodes,
     gptq_quantize,
+    gptq_sweep,
     hadamard_block_size,
     hadamard_rotate,
     num_groups,
@@ -130,8 +131,19 @@ def quantize_weight(w: Tensor, bits: int, group_size: int, method: UniformMethod
                     hessian: Tensor | None = None, seed: int = 0, clip_grid: int = 0) -> tuple[UniformCodes, Tensor | None]:
     """Codes of a ``(out, in)`` weight (stacked rows of layers sharing an input are fine) and the
     Hadamard signs of a rotated method (``None`` otherwise)."""
+    w, hessian, signs = _in_method_basis(w, hessian, method, seed)
+    if method in HESSIAN_METHODS:
+        return gptq_quantize(w, hessian, bits, group_size, clip_grid=clip_grid), signs  # type: ignore[arg-type]
+    return rtn_quantize(w, bits, group_size, clip_grid), signs
+
+
+def _in_method_basis(w: Tensor, hessian: Tensor | None, method: str,
+                     seed: int) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """The weight (and Hessian) a method quantizes: rotated by a seeded block-Hadamard for the rotated methods."""
     if method not in METHODS:
         raise ValueError(f"`method`={method!r}, expected one of {METHODS}.")
+    if method in HESSIAN_METHODS and hessian is None:
+        raise ValueError(f"method={method!r} needs the layer's calibration `hessian` (X^T X of its inputs).")
     w = w.detach().float()
     signs = None
     if method in ROTATED_METHODS:
@@ -140,11 +152,25 @@ def quantize_weight(w: Tensor, bits: int, group_size: int, method: UniformMethod
         w = hadamard_rotate(w, signs, block)
         if hessian is not None:
             hessian = rotate_hessian(hessian.float(), signs, block)
-    if method in HESSIAN_METHODS:
-        if hessian is None:
-            raise ValueError(f"method={method!r} needs the layer's calibration `hessian` (X^T X of its inputs).")
-        return gptq_quantize(w, hessian, bits, group_size, clip_grid=clip_grid), signs
-    return rtn_quantize(w, bits, group_size, clip_grid), signs
+    return w, hessian, signs
+
+
+def _quantize_groups(stacked: list[tuple[Tensor, Tensor | None]], bits: int, group_size: int, method: str,
+                     clip_grid: int) -> list[UniformCodes]:
+    """Codes of each ``(weight, hessian)``; GPTQ problems of one shape share one batched column sweep."""
+    if method not in HESSIAN_METHODS:
+        return [rtn_quantize(w, bits, group_size, clip_grid) for w, _ in stacked]
+    out: list[UniformCodes | None] = [None] * len(stacked)
+    by_shape: dict[tuple[int, int], list[int]] = {}
+    for i, (w, _) in enumerate(stacked):
+        by_shape.setdefault(tuple(w.shape), []).append(i)  # type: ignore[arg-type]
+    for idx in by_shape.values():
+        codes, lo, step = gptq_sweep(torch.stack([stacked[i][0] for i in idx]),
+                                     torch.stack([stacked[i][1] for i in idx]),  # type: ignore[misc]
+                                     bits, group_size, clip_grid=clip_grid)
+        for j, i in enumerate(idx):
+            out[i] = UniformCodes(codes[j], lo[j], step[j], bits, group_size)
+    return out  # type: ignore[return-value]
 
 
 def shared_input_groups(names: list[str], hessians: dict[str, Tensor] | None) -> list[list[str]]:
@@ -214,12 +240,14 @@ def quantize_uniform(
         hessians = collect_hessians(model, layers, calibration, forward)
     err_num = err_den = 0.0
     use_h = hessians if method in HESSIAN_METHODS else None
-    for i, group in enumerate(shared_input_groups(list(layers), use_h)):
-        weights = [layers[n].weight.detach().float() for n in group]
-        h = None if use_h is None else use_h[group[0]]
-        codes, signs = quantize_weight(torch.cat(weights), bits, group_size, method, h, seed + i, clip_grid)
+    groups = shared_input_groups(list(layers), use_h)
+    prepared = [_in_method_basis(torch.cat([layers[n].weight for n in group]), None if use_h is None
+                                 else use_h[group[0]], method, seed + i) for i, group in enumerate(groups)]
+    all_codes = _quantize_groups([(w, h) for w, h, _ in prepared], bits, group_size, method, clip_grid)
+    for group, (_, _, signs), codes in zip(groups, prepared, all_codes):
         start = 0
-        for name, w in zip(group, weights):
+        for name in group:
+            w = layers[name].weight.detach().float()
             rows = slice(start, start + w.shape[0])
             start += w.shape[0]
             part = UniformCodes(codes.codes[rows], codes.minimum[rows], codes.step[rows], bits, group_size)

@@ -127,3 +127,23 @@ def test_rotated_hessian_is_the_gram_matrix_of_rotated_inputs():
     torch.testing.assert_close(rotate_hessian(x.T @ x, signs, block), x_rot.T @ x_rot, atol=1e-3, rtol=1e-4)
     with pytest.raises(ValueError, match="square"):
         rotate_hessian(torch.randn(3, 4), signs, block)
+
+
+def test_batched_gptq_sweep_equals_one_problem_at_a_time():
+    from lit_lowrank.ops.quantization import gptq_sweep
+
+    gen = torch.Generator().manual_seed(4)
+    ws = [torch.randn(24, 96, generator=gen) for _ in range(3)]
+    hs = []
+    for _ in range(3):
+        x = torch.randn(200, 96, generator=gen)
+        h = x.T @ x
+        h[5, :] = h[:, 5] = 0.0                        # a dead input: zeroed, not a NaN
+        hs.append(h)
+    codes, lo, step = gptq_sweep(torch.stack(ws), torch.stack(hs), 3, 32, clip_grid=10)
+    for i, (w, h) in enumerate(zip(ws, hs)):
+        alone = gptq_quantize(w, h, 3, 32, clip_grid=10)
+        assert torch.equal(codes[i], alone.codes) and torch.equal(lo[i], alone.minimum)
+    assert bool(torch.isfinite(uniform_dequantize(alone)).all())
+    with pytest.raises(ValueError, match="B, in, in"):
+        gptq_sweep(torch.stack(ws), hs[0], 3, 32)
