@@ -172,6 +172,7 @@ def _pairwise(model, tok, scorer: ResponseScorer, sizes: dict, seed: int,
     rng = random.Random(seed)
     rows = []
     outcome = {name: wins(scores[name][ci], scores[name][ri]) for name in SIGNALS}
+    outcome["shortness"] = wins(-scores["length"][ci], -scores["length"][ri])
     outcome["random"] = [float(rng.random() > 0.5) for _ in pairs]
     for i, p in enumerate(pairs):
         rows.append({"section": "pairwise", "pair": i, "subset": p.subset,
@@ -356,18 +357,63 @@ def _lora_policy(model: torch.nn.Module, rank: int) -> torch.nn.Module:
     return get_peft_model(copy.deepcopy(model), config)
 
 
-def _sr_grpo(model, tok, quick: bool, sizes: dict, seed: int) -> list[dict]:
+def grouped_auc(values: torch.Tensor, correct: torch.Tensor) -> float:
+    """Mean over groups (rows) with right and wrong members of P(value(right) > value(wrong)), ties half.
+
+    ``values``, ``correct``: ``(groups, n)``; NaN when no group has both.
+    """
+    per_group = []
+    for v, ok in zip(values, correct.bool()):
+        if ok.any() and (~ok).any():
+            diff = v[ok][:, None] - v[~ok][None, :]
+            per_group.append(float((diff > 0).float().mean() + 0.5 * (diff == 0).float().mean()))
+    return float(np.mean(per_group)) if per_group else float("nan")
+
+
+def reward_auc(policy: torch.nn.Module, tok, problems: list[dict], settings: dict, seed: int, *,
+               chat: bool) -> dict[str, float]:
+    """How well each GRPO reward tells right from wrong answers of the policy it will train.
+
+    ``group_size`` samples per problem from the initial policy (as GRPO samples them), scored by each reward
+    (stable rank under the initial policy itself, as in SR-GRPO); :func:`grouped_auc` over problems with right
+    and wrong samples: 0.5 = no information about correctness, 1.0 = the verifiable reward. A reward near 0.5
+    cannot raise accuracy; GRPO then follows whatever else it pays for.
+    """
+    from lit_lowrank.decoding.stable_rank import StableRankReward
+
+    rewards = {"stable_rank": StableRankReward(policy, tok, chat=chat),
+               "stable_rank_raw": StableRankReward(policy, tok, chat=chat, normalize="none"),
+               "length": length_reward}
+    g = settings["group_size"]
+    prompts = [p["prompt"] for p in problems for _ in range(g)]
+    scorer = ResponseScorer(policy, tok, chat=chat)
+    eos = eos_token_ids(policy, tok)
+    pad = getattr(tok, "pad_token_id", None)
+    ids = sample_responses(policy, [scorer.prompt_ids(p["prompt"]) for p in problems], g, settings["max_new_tokens"],
+                           eos, pad if pad is not None else min(eos), generator_seed=seed)
+    texts = [decode_completion(tok, c, eos) for c in ids]
+    correct = torch.tensor(arithmetic_reward(prompts, texts, answer=[p["answer"] for p in problems for _ in range(g)]))
+    out = {name: grouped_auc(torch.tensor(fn(prompts, texts)).view(-1, g), correct.view(-1, g))
+           for name, fn in rewards.items()}
+    out["problems_with_both"] = float(sum(bool(ok.any() and (~ok).any()) for ok in correct.view(-1, g).bool()))
+    return out
+
+
+def _sr_grpo(model, tok, quick: bool, sizes: dict, seed: int) -> tuple[list[dict], dict[str, float]]:
     held_out = arithmetic_problems(sizes["held_out"], seed=seed + 200)
     seeds = range(seed, seed + sizes["grpo_seeds"])
-    if not quick:  # SmolLM2 with LoRA: only the adapters train
-        policy = _lora_policy(model, GRPO_FULL["lora_rank"])
-        return [row for s in seeds for reward in GRPO_REWARDS for row in _grpo_run(
-            policy, tok, reward, s, held_out, GRPO_FULL, chat=True, trainable=r"lora_")]
-    from lit_lowrank.datamodules.tokenizers import ByteTokenizer
+    if quick:
+        from lit_lowrank.datamodules.tokenizers import ByteTokenizer
 
-    policy = tiny_arithmetic_policy(seed)
-    return [row for s in seeds for reward in GRPO_REWARDS for row in _grpo_run(
-        policy, ByteTokenizer(), reward, s, held_out, GRPO_QUICK, chat=False)]
+        policy, tok_used, settings, chat, trainable = tiny_arithmetic_policy(seed), ByteTokenizer(), GRPO_QUICK, \
+            False, None
+    else:  # SmolLM2 with LoRA: only the adapters train
+        policy, tok_used, settings, chat, trainable = _lora_policy(model, GRPO_FULL["lora_rank"]), tok, GRPO_FULL, \
+            True, r"lora_"
+    auc = reward_auc(policy, tok_used, held_out, settings, seed, chat=chat)
+    rows = [row for s in seeds for reward in GRPO_REWARDS for row in _grpo_run(
+        policy, tok_used, reward, s, held_out, settings, chat=chat, trainable=trainable)]
+    return rows, auc
 
 
 # ----------------------------------------------------------------------------- claims
@@ -399,6 +445,8 @@ def _claims(rows: list[dict], seeds: Sequence[int]) -> tuple[list[dict], list[di
                    PAPER_PAIRWISE, pairwise_q, col(pw, "random"), 0.5, "pair"),
         rate_claim("control: response length alone ranks the better response higher on > 50% of pairs",
                    PAPER_PAIRWISE, pairwise_q, col(pw, "length"), 0.5, "pair"),
+        rate_claim("control: response shortness alone ranks the better response higher on > 50% of pairs",
+                   PAPER_PAIRWISE, pairwise_q, col(pw, "shortness"), 0.5, "pair"),
         rate_claim("control: stable rank on pairs whose labels were swapped at random (half of them)",
                    PAPER_PAIRWISE, pairwise_q, shuffled, 0.5, "pair"),
         rate_claim("control: Best-of-8 with a random pick more accurate than greedy decoding",
@@ -445,11 +493,11 @@ def _not_more_degenerate(text: str, after: list[float], before: list[float], qua
                            unit="problem")
 
 
-def _summary(rows: list[dict]) -> list[dict]:
+def _summary(rows: list[dict], auc: dict[str, float]) -> list[dict]:
     out = []
     pw = [r for r in rows if r["section"] == "pairwise"]
     subsets = sorted({r["subset"] for r in pw})
-    for name in (*SIGNALS, "random"):
+    for name in (*SIGNALS, "shortness", "random"):
         row = {"section": f"pairwise ({len(pw)} pairs)", "signal": name,
                "accuracy": float(np.mean([r[name] for r in pw]))}
         for s in subsets:
@@ -469,7 +517,8 @@ def _summary(rows: list[dict]) -> list[dict]:
                         "tokens_before": float(np.mean([r["tokens_before"] for r in items])),
                         "tokens_after": float(np.mean([r["tokens_after"] for r in items])),
                         "degenerate_before": float(np.mean([r["degenerate_before"] for r in items])),
-                        "degenerate_after": float(np.mean([r["degenerate_after"] for r in items]))})
+                        "degenerate_after": float(np.mean([r["degenerate_after"] for r in items])),
+                        "reward_auc": 1.0 if reward == "arithmetic" else auc.get(reward)})
     return out
 
 
@@ -495,7 +544,7 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
     reference = timed("length_reference", scorer.length_reference)
     bon_rows, correctness = timed("best_of_n", lambda: _best_of_n(model, tok, scorer, sizes, seed))
     pair_rows = timed("pairwise", lambda: _pairwise(model, tok, scorer, sizes, seed, correctness))
-    grpo_rows = timed("sr_grpo", lambda: _sr_grpo(model, tok, quick, sizes, seed))
+    grpo_rows, auc = timed("sr_grpo", lambda: _sr_grpo(model, tok, quick, sizes, seed))
     rows = pair_rows + bon_rows + grpo_rows
     seeds = list(range(seed, seed + sizes["grpo_seeds"]))
     claims, controls = _claims(rows, seeds)
@@ -508,6 +557,7 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
         "sr_grpo": ("quick: tiny byte-level Llama supervised on the arithmetic format (intermediate accuracy), "
                     f"{GRPO_QUICK}" if quick else f"full: SmolLM2 + LoRA, {GRPO_FULL}")
                    + f"; seeds {seeds}; scorer = frozen initial policy",
+        "sr_grpo_reward_auc": auc,
         "phase_cpu_s": phases,
     }
-    return BenchmarkResult(rows, claims, controls, notes, _summary(rows))
+    return BenchmarkResult(rows, claims, controls, notes, _summary(rows, auc))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -79,3 +80,13 @@ def test_rate_claim_reads_paired_outcomes():
     assert c["estimate"] == pytest.approx(0.9) and c["verdict"] == "holds" and c["n"] == 100
     tie = rate_claim("x", "p", "q", hits, 0.0, "problem", baseline=hits)
     assert tie["estimate"] == 0.0 and tie["verdict"] != "holds"
+
+
+def test_grouped_auc_orders_right_above_wrong_within_groups():
+    from lit_lowrank.benchmarks.stable_rank import grouped_auc
+
+    values = torch.tensor([[3.0, 1.0, 2.0], [1.0, 1.0, 5.0], [0.0, 9.0, 4.0]])
+    correct = torch.tensor([[1, 0, 0], [1, 0, 1], [0, 0, 0]])
+    # group 0: right (3) above both wrong -> 1; group 1: rights 1 and 5 vs wrong 1 -> (0.5 + 1) / 2; group 2 skipped
+    assert grouped_auc(values, correct) == pytest.approx((1.0 + 0.75) / 2)
+    assert np.isnan(grouped_auc(values[2:], correct[2:]))
