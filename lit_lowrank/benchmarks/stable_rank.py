@@ -220,7 +220,10 @@ def _best_of_n(model, tok, scorer: ResponseScorer, sizes: dict, seed: int) -> tu
 TINY_POLICY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 192, "num_hidden_layers": 2,
                "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 128}
 SFT = {"steps": 250, "batch": 32, "lr": 3e-3, "problems": 2000, "v": 1}
-GRPO_QUICK = {"steps": 30, "group_size": 8, "lr": 3e-4, "batch_size": 4, "max_new_tokens": 14}
+#: lr picked for the *verifiable* reward on validation problems (seed + 300, never the held-out ones): mean
+#: accuracy gain over 2 seeds after 30 steps 3e-4: +0.04, 1e-4: +0.12, 3e-5: +0.09 (60 steps at 1e-4: +0.15, over
+#: the quick budget); every reward then runs with it
+GRPO_QUICK = {"steps": 30, "group_size": 8, "lr": 1e-4, "batch_size": 4, "max_new_tokens": 14}
 GRPO_FULL = {"steps": 40, "group_size": 4, "lr": 1e-4, "batch_size": 2, "max_new_tokens": 16, "lora_rank": 8}
 #: GRPO rewards compared: the default (length-normalised) stable rank, the paper's raw one, the verifiable
 #: exact match (upper baseline) and the response length (the control: a reward that can only be gamed)
