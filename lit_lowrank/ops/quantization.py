@@ -35,6 +35,8 @@ from torch import Tensor
 #: 8-byte window, so the last item's window must stay inside the buffer.
 PACK_PADDING_BYTES = 8
 FP16_BITS = 16
+#: coarse step of the clipping search (see :func:`_group_params`)
+CLIP_COARSE_STRIDE = 8
 
 
 # ----------------------------------------------------------------------------- bit packing
@@ -236,28 +238,49 @@ def uniform_bits(out_features: int, in_features: int, bits: int, group_size: int
 
 
 def _group_params(w_groups: Tensor, bits: int, clip_grid: int = 0, max_shrink: float = 0.8,
-                  norm: float = 2.4) -> tuple[Tensor, Tensor]:
+                  norm: float = 2.4, coarse_stride: int = CLIP_COARSE_STRIDE) -> tuple[Tensor, Tensor]:
     """fp16-representable (minimum, step) of asymmetric quantization, ``w_groups: (..., g)``.
 
     ``clip_grid = 0``: min-max. ``clip_grid = n > 0``: GPTQ's clipping search (IST-DASLab/gptq
-    ``Quantizer(mse=True)``): the range ``[p lo, p hi]`` is shrunk towards zero for
-    ``p = 1, 1 - 1/n, ...`` down to ``1 - max_shrink`` and each group keeps the ``p`` with the
-    smallest ``sum |w_hat - w|^norm`` (GPTQ's published grid 100, max shrink 0.8, norm 2.4).
+    ``Quantizer(mse=True)``): the range ``[p lo, p hi]`` is shrunk towards zero over the grid
+    ``p = 1 - i/n``, ``i = 0 .. max_shrink * n``, and each group keeps the ``p`` with the smallest
+    ``sum |w_hat - w|^norm`` (GPTQ's published grid 100, max shrink 0.8, norm 2.4).
+
+    The grid is searched coarse to fine: every ``coarse_stride``-th point first, then every point
+    within ``coarse_stride - 1`` of each group's best coarse point (25 instead of 81 evaluations at
+    the published grid; a test checks the error it reaches against the exhaustive search).
+    ``coarse_stride=1`` is the exhaustive search.
     """
     lo = w_groups.amin(-1)
     hi = w_groups.amax(-1)
     lo16, step16 = _fp16_params(lo, hi, bits)
     if clip_grid <= 0:
         return lo16, step16
+    last = int(max_shrink * clip_grid)
     best = _group_error(w_groups, lo16, step16, bits, norm)
-    for i in range(1, int(max_shrink * clip_grid) + 1):
-        p = 1.0 - i / clip_grid
+    best_i = torch.zeros_like(best, dtype=torch.long)
+
+    def consider(i: Tensor) -> None:
+        nonlocal best, lo16, step16
+        p = 1.0 - i.float() / clip_grid
         lo_p, step_p = _fp16_params(p * lo, p * hi, bits)
         err = _group_error(w_groups, lo_p, step_p, bits, norm)
         better = err < best
         best = torch.where(better, err, best)
+        best_i.copy_(torch.where(better, i, best_i))
         lo16 = torch.where(better, lo_p, lo16)
         step16 = torch.where(better, step_p, step16)
+
+    stride = max(1, int(coarse_stride))
+    for i in range(stride, last + 1, stride):
+        consider(torch.full_like(best_i, i))
+    if stride > 1:
+        centre = best_i.clone()
+        for offset in range(-(stride - 1), stride):
+            if offset:
+                i = centre + offset
+                valid = (i >= 0) & (i <= last)
+                consider(torch.where(valid, i, centre))   # out-of-grid points re-evaluate the centre: no change
     return lo16, step16
 
 

@@ -147,3 +147,17 @@ def test_batched_gptq_sweep_equals_one_problem_at_a_time():
     assert bool(torch.isfinite(uniform_dequantize(alone)).all())
     with pytest.raises(ValueError, match="B, in, in"):
         gptq_sweep(torch.stack(ws), hs[0], 3, 32)
+
+
+def test_coarse_to_fine_clipping_search_reaches_the_exhaustive_error():
+    from lit_lowrank.ops.quantization import _group_params, _group_error, grouped
+
+    gen = torch.Generator().manual_seed(6)
+    for w in (torch.randn(128, 512, generator=gen), torch.distributions.StudentT(3.0).sample((128, 512))):
+        for bits in (2, 3):
+            groups = grouped(w, 128)
+            full = _group_error(groups, *_group_params(groups, bits, 100, coarse_stride=1), bits, 2.4)
+            fast = _group_error(groups, *_group_params(groups, bits, 100), bits, 2.4)
+            plain = _group_error(groups, *_group_params(groups, bits, 0), bits, 2.4)
+            assert bool((fast <= plain * (1 + 1e-5)).all())
+            assert float(fast.sum()) <= 1.002 * float(full.sum())
