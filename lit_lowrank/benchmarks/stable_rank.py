@@ -422,7 +422,13 @@ def _sr_grpo(model, tok, quick: bool, sizes: dict, seed: int) -> tuple[list[dict
 # ----------------------------------------------------------------------------- claims
 
 
-def _claims(rows: list[dict], seeds: Sequence[int]) -> tuple[list[dict], list[dict]]:
+def _claims(rows: list[dict], seeds: Sequence[int], gaming: bool = True) -> tuple[list[dict], list[dict]]:
+    """Claims and controls from the rows; ``gaming=False`` leaves out the degenerate-response claim and its control.
+
+    Quick mode passes ``gaming=False``: its GRPO dose (30 steps at lr 1e-4) moved even a pure length reward by only
+    +0.2 tokens and +0.02 degenerate rate (quick run of 2026-12-01), so the control holds and "does not game" could
+    not fail there. The rows still report tokens and degenerate rates before / after for every reward.
+    """
     pw = [r for r in rows if r["section"] == "pairwise"]
     bon = [r for r in rows if r["section"] == "best_of_n"]
 
@@ -474,18 +480,19 @@ def _claims(rows: list[dict], seeds: Sequence[int]) -> tuple[list[dict], list[di
             rate_claim("SR-GRPO (length-normalised stable rank, no answers used) raises greedy task accuracy",
                        PAPER_GRPO, gain_q, per_problem("stable_rank", "correct_after"), 0.0, "problem",
                        baseline=per_problem("stable_rank", "correct_before")),
-            _not_more_degenerate("SR-GRPO does not game its reward: degenerate responses rise by < 0.05",
-                                 per_problem("stable_rank", "degenerate_after"),
-                                 per_problem("stable_rank", "degenerate_before"), hack_q),
         ]
         controls += [
             rate_claim("control: GRPO on response length raises greedy task accuracy",
                        PAPER_GRPO, gain_q, per_problem("length", "correct_after"), 0.0, "problem",
                        baseline=per_problem("length", "correct_before")),
-            _not_more_degenerate("control: GRPO on response length does not game it (degenerate rise < 0.05)",
-                                 per_problem("length", "degenerate_after"),
-                                 per_problem("length", "degenerate_before"), hack_q),
         ]
+        if gaming:
+            claims.append(_not_more_degenerate("SR-GRPO does not game its reward: degenerate responses rise by < 0.05",
+                                               per_problem("stable_rank", "degenerate_after"),
+                                               per_problem("stable_rank", "degenerate_before"), hack_q))
+            controls.append(_not_more_degenerate(
+                "control: GRPO on response length does not game it (degenerate rise < 0.05)",
+                per_problem("length", "degenerate_after"), per_problem("length", "degenerate_before"), hack_q))
     return claims, controls
 
 
@@ -550,7 +557,7 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
     grpo_rows, auc = timed("sr_grpo", lambda: _sr_grpo(model, tok, quick, sizes, seed))
     rows = pair_rows + bon_rows + grpo_rows
     seeds = list(range(seed, seed + sizes["grpo_seeds"]))
-    claims, controls = _claims(rows, seeds)
+    claims, controls = _claims(rows, seeds, gaming=not quick)
     notes = {
         "scorer": "SmolLM2-135M-Instruct (offline GGUF, dequantised), chat template, post-final-norm, special "
                   "tokens excluded, uncentred; stable_rank = raw / E[srank | T] of Lee test articles",

@@ -90,3 +90,22 @@ def test_grouped_auc_orders_right_above_wrong_within_groups():
     # group 0: right (3) above both wrong -> 1; group 1: rights 1 and 5 vs wrong 1 -> (0.5 + 1) / 2; group 2 skipped
     assert grouped_auc(values, correct) == pytest.approx((1.0 + 0.75) / 2)
     assert np.isnan(grouped_auc(values[2:], correct[2:]))
+
+
+def test_gaming_claim_and_its_control_only_where_the_dose_can_show_gaming():
+    from lit_lowrank.benchmarks.stable_rank import _claims
+
+    rows = [{"section": "pairwise", "stable_rank": float(i % 3 > 0), "mean_log_prob": 0.0, "random": float(i % 2),
+             "length": 0.0, "shortness": 1.0} for i in range(30)]
+    rows += [{"section": "best_of_n", "stable_rank": 1.0, "greedy": 0.0, "random": 0.0, "length": 0.0}
+             for _ in range(10)]
+    rows += [{"section": "sr_grpo", "reward": r, "seed": 0, "problem": p, "correct_before": 0.0, "correct_after": 1.0,
+              "degenerate_before": 0.0, "degenerate_after": float(r == "length")}
+             for r in ("stable_rank", "length") for p in range(12)]
+    full_claims, full_controls = _claims(rows, [0])
+    quick_claims, quick_controls = _claims(rows, [0], gaming=False)
+    assert sum("game" in c["claim"] for c in full_claims) == 1 and sum("game" in c["claim"] for c in full_controls) == 1
+    assert not any("game" in c["claim"] for c in quick_claims + quick_controls)
+    gaming_control = next(c for c in full_controls if "game" in c["claim"])
+    assert gaming_control["verdict"] == "fails"  # every length-GRPO response degenerate: the control sees it
+    assert len(full_claims) - len(quick_claims) == 1 and len(full_controls) - len(quick_controls) == 1
