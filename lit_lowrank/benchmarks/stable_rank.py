@@ -1,36 +1,32 @@
 """Stable rank as an annotation-free quality signal: pairwise accuracy, Best-of-N and SR-GRPO (arXiv 2512.02807).
 
-Model: the offline SmolLM2-135M-Instruct (:func:`~lit_lowrank.models.load_smollm2`), which is both the
-policy that samples and the scorer whose final-layer hidden states give the stable rank (uncentred,
-post-final-norm, special tokens excluded, raw — the defaults of :class:`~lit_lowrank.decoding.ResponseScorer`).
+Scorer: the offline SmolLM2-135M-Instruct (:func:`~lit_lowrank.models.load_smollm2`), chat-wrapped prompts,
+final-layer hidden states after the final norm, special tokens excluded, uncentred. ``stable_rank`` is the
+library default, **length-normalised**: the raw ``srank = ‖H‖_F²/‖H‖₂²`` divided by the mean srank of real
+news text of the same length under the same scorer (:meth:`~lit_lowrank.decoding.ResponseScorer.length_reference`,
+fitted on gensim's Lee *test* articles); ``stable_rank_raw`` is the paper's unnormalised quantity, reported
+beside it. Units are paired: the same pairs / problems for every signal, 95% percentile-bootstrap CIs.
 
-Three sections:
+Sections:
 
-- ``pairwise``: :func:`~lit_lowrank.datamodules.preference.degradation_pairs` — real continuations of Lee-corpus
-  news articles vs the same text degraded (repetition loop, truncation, words shuffled within sentences,
-  an off-topic continuation). Accuracy = fraction of pairs where the signal scores the real continuation
-  strictly higher, for stable rank, mean log-prob, negative entropy, self-certainty, response length and a
-  seeded random score. Per-degradation accuracies are in the row.
-- ``best_of_n``: seeded single-digit additions/subtractions; ``N = 8`` samples (temperature 1) per prompt;
-  task accuracy (exact match of the last integer) of the sample each selector picks: greedy decoding, a
-  random sample, highest raw stable rank (the paper's ``srank``), highest length-normalised stable rank
-  (``stable_rank_max_rank``: ``srank / min(T, d)``, :class:`ResponseScorer` ``normalize="max_rank"``), mean
-  log-prob / negative entropy / self-certainty, and the oracle (any of the ``N`` correct, pass@N).
-- ``sr_grpo``: :class:`~lit_lowrank.tasks.grpo.GRPOModule` runs with stable rank (under the frozen initial
-  model) as the only reward — no answer is ever used in training — next to the same run with the verifiable
-  exact-match reward (``grpo_arithmetic_reward``, an upper baseline). Greedy task accuracy and mean stable-rank
-  reward before and after, on the same held-out problems. Quick mode: a tiny byte-level Llama
-  (:func:`tiny_arithmetic_policy`, 2 layers, width 64) supervised for 250 steps on the arithmetic format
-  (``" 3 + 4 = 7"``; cached under ``$LIT_LOWRANK_CACHE/stable_rank`` or the temp dir, keyed by config + seed)
-  so its accuracy is intermediate, then 30 GRPO steps (4 prompts x 8 samples, lr 3e-4 for both rewards —
-  chosen so the verifiable baseline learns). Full mode: SmolLM2-135M with only its last decoder layer and
-  final norm trainable, 40 steps.
+- ``pairwise``: preference pairs from shipped text and SmolLM2 generations. (1) Lee-corpus news:
+  the real next sentence vs five seeded degradations (:data:`~lit_lowrank.datamodules.preference.DEGRADATIONS`;
+  truncation makes the rejected text shorter and the looped tail longer, so length alone cannot sort them);
+  (2) ``temperature``: SmolLM2's own continuation of the same prompt sampled at T = 0.7 vs at T = 2.0
+  (word salad) with the same token budget; (3) ``correctness``: a right vs a wrong SmolLM2 answer to the
+  same Best-of-N problem. Accuracy = the signal scores ``chosen`` strictly above ``rejected``.
+- ``best_of_n``: single-digit addition / subtraction, ``N = 8`` SmolLM2 samples at T = 0.7 per problem and
+  the greedy answer; exact match of the last integer for the sample each selector picks.
+- ``sr_grpo``: GRPO with stable rank as the only reward (no answer is used in training) from a policy at
+  intermediate accuracy, next to the verifiable exact-match reward (the upper baseline), the raw stable
+  rank, and a pure length reward (a control that games by construction). Greedy accuracy, response
+  length and degenerate responses (no end of sequence within the budget, or half the 3-grams repeats)
+  on held-out problems before and after. Quick: the tiny byte-level Llama of :func:`tiny_arithmetic_policy`
+  (SmolLM2's backward pass costs minutes per step on 2 CPU cores); full: SmolLM2 with LoRA (r = 8 on the
+  attention and MLP projections).
 
-Claims (the paper's headline statements at this scale, computed from the rows): stable rank's pairwise
-accuracy beats mean log-prob and random; SR-BoN accuracy > greedy (raw stable rank, the paper's definition;
-the normalised row is reported, not claimed); SR-GRPO raises task accuracy without any external reward. At
-quick scale the sets are small (16 pairs, 5 BoN prompts, 64 held-out GRPO problems), so a BoN claim that
-fails by one problem is noise; the full run uses more of each.
+Generations are cached under ``$LIT_LOWRANK_CACHE/stable_rank`` (default ``~/.cache/lit_lowrank``), keyed by
+the model, the prompts and the sampling settings, so reruns score cached samples.
 """
 
 from __future__ import annotations
@@ -42,76 +38,196 @@ import os
 import random
 import re
 import sys
-import tempfile
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 
-from lit_lowrank.benchmarks.harness import BenchmarkResult, legacy_claim
-from lit_lowrank.datamodules.preference import degradation_pairs
+from lit_lowrank.benchmarks.harness import BenchmarkResult, statistic_claim
+from lit_lowrank.datamodules.preference import PreferencePair, degradation_pairs
 from lit_lowrank.datamodules.prompts import PromptDataModule, arithmetic_problems, arithmetic_reward
 from lit_lowrank.decoding.stable_rank import (
     ResponseScorer,
-    StableRankReward,
     decode_completion,
     eos_token_ids,
-    evaluate_pairs,
-    pairwise_accuracy,
     sample_responses,
     select_best,
 )
 
-# "stable_rank_max_rank": the length-normalised variant (srank / min(T, d)), its own row next to the paper's raw one
-SELECTORS = ("stable_rank", "stable_rank_max_rank", "mean_log_prob", "negative_entropy", "self_certainty")
+#: Signals compared everywhere; higher is better for each.
+SIGNALS = ("stable_rank", "stable_rank_raw", "stable_rank_max_rank", "mean_log_prob", "negative_entropy",
+           "self_certainty", "length")
+QUICK = {"lee_prompts": 36, "temperature_prompts": 20, "bon_problems": 24, "grpo_seeds": 3, "held_out": 64}
+FULL = {"lee_prompts": 100, "temperature_prompts": 60, "bon_problems": 100, "grpo_seeds": 1, "held_out": 64}
+#: Best-of-N and the temperature pairs (fixed before measuring; T = 1 samples of this 135M model are rarely right)
+BON = {"n": 8, "temperature": 0.7, "max_new_tokens": 16}
+PAIR_SAMPLING = {"good_temperature": 0.7, "bad_temperature": 2.0, "max_new_tokens": 32}
+
+PAPER_PAIRWISE = "stable rank achieves 84.04% accuracy on RewardBench"
+PAPER_BON = "improves task accuracy by an average of 14.1% relative to greedy decoding via Best-of-N sampling"
+PAPER_GRPO = "Without external supervision, SR-GRPO improves Qwen2.5-1.5B-Instruct by 10% on STEM and 19% on " \
+             "mathematical reasoning"
+PAPER_HACKING = "reward models are vulnerable to reward hacking (stable rank is proposed as an intrinsic, " \
+                "annotation-free alternative)"
+PAPER_BASELINES = "outperforming both learned reward models and self-evaluation baselines"
 
 
-def _pairwise(model, tok, quick: bool, seed: int) -> list[dict]:
-    pairs = degradation_pairs(n_prompts=4 if quick else 24, seed=seed, context_sentences=1, response_sentences=2)
-    scorer = ResponseScorer(model, tok, chat=True, batch_size=8)
-    table = evaluate_pairs(scorer, pairs)
-    rows = [{"section": "pairwise", "method": name, "accuracy": acc["all"], "n": len(pairs),
-             **{k: v for k, v in acc.items() if k != "all"}} for name, acc in table.items()]
-    rng = random.Random(seed)
-    chosen = torch.tensor([rng.random() for _ in pairs])
-    rejected = torch.tensor([rng.random() for _ in pairs])
-    rows.append({"section": "pairwise", "method": "random", "accuracy": pairwise_accuracy(chosen, rejected),
-                 "n": len(pairs)})
-    if not quick:  # the centring ablation (METHODS.md §12: "changes the values a lot")
-        centred = evaluate_pairs(ResponseScorer(model, tok, chat=True, center=True), pairs, ("stable_rank",))
-        rows.append({"section": "pairwise", "method": "stable_rank_centered",
-                     "accuracy": centred["stable_rank"]["all"], "n": len(pairs)})
-    return rows
+# ----------------------------------------------------------------------------- generation cache
 
 
-def _best_of_n(model, tok, quick: bool, seed: int) -> list[dict]:
-    problems = arithmetic_problems(5 if quick else 32, seed=seed + 100)
-    prompts, answers = [p["prompt"] for p in problems], [p["answer"] for p in problems]
-    n, max_new = 8, 8 if quick else 12
-    scorer = ResponseScorer(model, tok, chat=True, batch_size=16)
-    prompt_ids = [scorer.prompt_ids(p) for p in prompts]
+def cache_dir() -> Path:
+    """``$LIT_LOWRANK_CACHE/stable_rank`` (default ``~/.cache/lit_lowrank/stable_rank``)."""
+    root = Path(os.environ.get("LIT_LOWRANK_CACHE") or Path.home() / ".cache" / "lit_lowrank")
+    path = root / "stable_rank"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def model_fingerprint(model: torch.nn.Module) -> str:
+    """A short hash of a model's config and a slice of every parameter: changes when the weights do."""
+    h = hashlib.sha256(json.dumps(getattr(getattr(model, "config", None), "to_dict", dict)(), sort_keys=True,
+                                  default=str).encode())
+    for name, p in model.state_dict().items():
+        h.update(name.encode())
+        h.update(p.detach().flatten()[:64].float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def cached_samples(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]], n: int, *, max_new_tokens: int,
+                   eos: set[int], pad: int, do_sample: bool, temperature: float, seed: int,
+                   batch: int = 32) -> list[list[int]]:
+    """``n`` completions per prompt (token ids cut at EOS), read from / written to the generation cache.
+
+    The key covers the model fingerprint, the prompts and every sampling setting; files are written
+    atomically (temporary file + rename), so concurrent runs never read half a file.
+    """
+    settings = {"model": model_fingerprint(model), "prompts": [list(map(int, p)) for p in prompt_ids], "n": n,
+                "max_new_tokens": max_new_tokens, "do_sample": do_sample, "temperature": temperature, "seed": seed,
+                "eos": sorted(eos), "v": 1}
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:20]
+    path = cache_dir() / f"samples_{key}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    out: list[list[int]] = []
+    for start in range(0, len(prompt_ids), batch):
+        out += sample_responses(model, prompt_ids[start:start + batch], n, max_new_tokens, eos, pad,
+                                do_sample=do_sample, temperature=temperature, generator_seed=seed + start)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(out))
+    os.replace(tmp, path)
+    return out
+
+
+# ----------------------------------------------------------------------------- claims over pairs / problems
+
+
+def rate_claim(text: str, paper: str, quantity: str, hits: Sequence[float], target: float, unit: str,
+               baseline: Sequence[float] | None = None, note: str | None = None) -> dict[str, Any]:
+    """Mean of per-unit 0/1 outcomes (minus a baseline's on the same units) ``> target``, bootstrap CI."""
+    a = np.asarray(hits, dtype=float)
+    b = np.zeros_like(a) if baseline is None else np.asarray(baseline, dtype=float)
+    return statistic_claim(text, paper=paper, quantity=quantity, n_units=a.size,
+                           statistic=lambda idx: float(a[idx].mean() - b[idx].mean()), target=target, op=">",
+                           unit=unit, note=note)
+
+
+def wins(chosen: torch.Tensor, rejected: torch.Tensor) -> list[float]:
+    """1.0 where ``chosen > rejected`` (strict: a tie is a loss, as RewardBench counts it)."""
+    return (chosen > rejected).float().tolist()
+
+
+# ----------------------------------------------------------------------------- pairwise
+
+
+def temperature_pairs(model, tok, scorer: ResponseScorer, prompts: list[str], seed: int) -> list[PreferencePair]:
+    """SmolLM2's continuation at T = 0.7 (chosen) vs at T = 2.0 (rejected), same prompt and token budget."""
+    ids = [scorer.prompt_ids(p) for p in prompts]
     eos = eos_token_ids(model, tok)
     pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
-    greedy = sample_responses(model, prompt_ids, 1, max_new, eos, pad, do_sample=False)
-    samples = sample_responses(model, prompt_ids, n, max_new, eos, pad, generator_seed=seed)
-    texts = [decode_completion(tok, c, eos) for c in samples]
-    correct = torch.tensor(arithmetic_reward(None, texts, answer=[a for a in answers for _ in range(n)])).view(-1, n)
-    scores = scorer.score_ids([p for p in prompt_ids for _ in range(n)], samples, SELECTORS)
-    rows = [{"section": "best_of_n", "method": "greedy", "n": len(prompts), "accuracy": sum(arithmetic_reward(
-        None, [decode_completion(tok, c, eos) for c in greedy], answer=answers)) / len(prompts)}]
+    texts = {}
+    for kind, temp in (("good", PAIR_SAMPLING["good_temperature"]), ("bad", PAIR_SAMPLING["bad_temperature"])):
+        samples = cached_samples(model, ids, 1, max_new_tokens=PAIR_SAMPLING["max_new_tokens"], eos=eos, pad=pad,
+                                 do_sample=True, temperature=temp, seed=seed + 7)
+        texts[kind] = [decode_completion(tok, c, eos) for c in samples]
+    return [PreferencePair(p, g, b, "temperature") for p, g, b in zip(prompts, texts["good"], texts["bad"])
+            if g.strip() and b.strip() and g != b]
+
+
+def _pairwise(model, tok, scorer: ResponseScorer, sizes: dict, seed: int,
+              correctness: list[PreferencePair]) -> list[dict]:
+    lee = degradation_pairs(n_prompts=sizes["lee_prompts"], seed=seed, context_sentences=1, response_sentences=1)
+    prompts = list(dict.fromkeys(p.prompt for p in lee))[: sizes["temperature_prompts"]]
+    pairs = lee + temperature_pairs(model, tok, scorer, prompts, seed) + correctness
+    unique: dict[tuple[str, str], int] = {}
+    for p in pairs:
+        for response in (p.chosen, p.rejected):
+            unique.setdefault((p.prompt, response), len(unique))
+    keys = list(unique)
+    scores = scorer.signals([k[0] for k in keys], [k[1] for k in keys], SIGNALS)
+    ci = torch.tensor([unique[(p.prompt, p.chosen)] for p in pairs])
+    ri = torch.tensor([unique[(p.prompt, p.rejected)] for p in pairs])
     rng = random.Random(seed)
-    picks = {"random": torch.tensor([rng.randrange(n) for _ in prompts])}
-    picks.update({name: select_best(scores[name], n) for name in SELECTORS})
-    for name, index in picks.items():
-        acc = float(correct.gather(1, index.view(-1, 1)).mean())
-        rows.append({"section": "best_of_n", "method": name, "n": len(prompts), "accuracy": acc})
-    rows.append({"section": "best_of_n", "method": "oracle_pass@8", "n": len(prompts),
-                 "accuracy": float(correct.max(1).values.mean())})
+    rows = []
+    outcome = {name: wins(scores[name][ci], scores[name][ri]) for name in SIGNALS}
+    outcome["shortness"] = wins(-scores["length"][ci], -scores["length"][ri])
+    outcome["random"] = [float(rng.random() > 0.5) for _ in pairs]
+    for i, p in enumerate(pairs):
+        rows.append({"section": "pairwise", "pair": i, "subset": p.subset,
+                     "tokens_chosen": int(scores["length"][ci[i]]), "tokens_rejected": int(scores["length"][ri[i]]),
+                     **{name: outcome[name][i] for name in outcome}})
     return rows
 
+
+# ----------------------------------------------------------------------------- Best-of-N
+
+
+def _best_of_n(model, tok, scorer: ResponseScorer, sizes: dict, seed: int) -> tuple[list[dict], list[PreferencePair]]:
+    problems = arithmetic_problems(sizes["bon_problems"], seed=seed + 100)
+    prompts, answers = [p["prompt"] for p in problems], [p["answer"] for p in problems]
+    n = BON["n"]
+    ids = [scorer.prompt_ids(p) for p in prompts]
+    eos = eos_token_ids(model, tok)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
+    greedy = cached_samples(model, ids, 1, max_new_tokens=BON["max_new_tokens"], eos=eos, pad=pad, do_sample=False,
+                            temperature=1.0, seed=0)
+    samples = cached_samples(model, ids, n, max_new_tokens=BON["max_new_tokens"], eos=eos, pad=pad, do_sample=True,
+                             temperature=BON["temperature"], seed=seed)
+    texts = [decode_completion(tok, c, eos) for c in samples]
+    correct = torch.tensor(arithmetic_reward(None, texts, answer=[a for a in answers for _ in range(n)])).view(-1, n)
+    greedy_ok = arithmetic_reward(None, [decode_completion(tok, c, eos) for c in greedy], answer=answers)
+    scores = scorer.score_ids([p for p in ids for _ in range(n)], samples, SIGNALS)
+    rng = random.Random(seed)
+    picks = {"random": torch.tensor([rng.randrange(n) for _ in prompts])}
+    picks.update({name: select_best(scores[name], n) for name in SIGNALS})
+    rows, pairs = [], []
+    for b, prompt in enumerate(prompts):
+        row = {"section": "best_of_n", "problem": b, "greedy": greedy_ok[b], "pass_rate": float(correct[b].mean()),
+               "oracle": float(correct[b].max())}
+        row.update({name: float(correct[b, int(index[b])]) for name, index in picks.items()})
+        rows.append(row)
+        right = [texts[b * n + j] for j in range(n) if correct[b, j]]
+        wrong = [texts[b * n + j] for j in range(n) if not correct[b, j] and texts[b * n + j].strip()]
+        if right and wrong:
+            pairs.append(PreferencePair(prompt, right[0], wrong[0], "correctness"))
+    return rows, pairs
+
+
+# ----------------------------------------------------------------------------- SR-GRPO
 
 TINY_POLICY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 192, "num_hidden_layers": 2,
                "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 128}
 SFT = {"steps": 250, "batch": 32, "lr": 3e-3, "problems": 2000, "v": 1}
+#: lr picked for the *verifiable* reward on validation problems (seed + 300, never the held-out ones): mean
+#: accuracy gain over 2 seeds after 30 steps 3e-4: +0.04, 1e-4: +0.12, 3e-5: +0.09 (60 steps at 1e-4: +0.15, over
+#: the quick budget); every reward then runs with it
+GRPO_QUICK = {"steps": 30, "group_size": 8, "lr": 1e-4, "batch_size": 4, "max_new_tokens": 14}
+GRPO_FULL = {"steps": 40, "group_size": 4, "lr": 1e-4, "batch_size": 2, "max_new_tokens": 16, "lora_rank": 8}
+#: GRPO rewards compared: the default (length-normalised) stable rank, the paper's raw one, the verifiable
+#: exact match (upper baseline) and the response length (the control: a reward that can only be gamed)
+GRPO_REWARDS = ("stable_rank", "stable_rank_raw", "arithmetic", "length")
 
 
 def arithmetic_target(problem: dict[str, str]) -> str:
@@ -125,13 +241,6 @@ def arithmetic_target(problem: dict[str, str]) -> str:
         raise ValueError(f"`problem`={problem!r} is not an arithmetic_problems prompt.")
     a, op, b = match.groups()
     return f" {a} {op} {b} = {problem['answer']}"
-
-
-def _cache_dir() -> Path:
-    root = Path(os.environ.get("LIT_LOWRANK_CACHE", Path(tempfile.gettempdir()) / "lit_lowrank_cache"))
-    path = root / "stable_rank"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def tiny_arithmetic_policy(seed: int, steps: int = SFT["steps"], config: dict | None = None,
@@ -154,7 +263,7 @@ def tiny_arithmetic_policy(seed: int, steps: int = SFT["steps"], config: dict | 
             "eos_token_id": tok.eos_token_id, "bos_token_id": tok.eos_token_id}
     settings = {"arch": arch, **SFT, "steps": steps, "seed": seed}
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
-    path = _cache_dir() / f"tiny_arithmetic_{key}.pt"
+    path = cache_dir() / f"tiny_arithmetic_{key}.pt"
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**arch))
     if cache and path.is_file():
@@ -180,102 +289,285 @@ def tiny_arithmetic_policy(seed: int, steps: int = SFT["steps"], config: dict | 
         loss.backward()
         opt.step()
     if cache:
-        torch.save(model.state_dict(), path)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        torch.save(model.state_dict(), tmp)
+        os.replace(tmp, path)
     return model.eval()
 
 
-def _grpo_run(policy: torch.nn.Module, tok, reward: str, steps: int, seed: int, held_out: list[dict], *,
-              chat: bool, group_size: int, max_new_tokens: int, lr: float, batch_size: int,
-              trainable: str | None = None) -> list[dict]:
-    """Greedy task accuracy and stable-rank reward on ``held_out`` before / after ``steps`` GRPO steps."""
+def repeated_ngram_fraction(ids: Sequence[int], n: int = 3) -> float:
+    """Fraction of a response's ``n``-grams that repeat an earlier one (0 for fewer than ``n + 1`` tokens)."""
+    grams = [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
+    if len(grams) < 2:
+        return 0.0
+    return 1.0 - len(set(grams)) / len(grams)
+
+
+def is_degenerate(ids: Sequence[int], eos: set[int], max_new_tokens: int) -> bool:
+    """A runaway response: no end of sequence within the budget, or at least half its 3-grams repeats."""
+    ended = any(int(t) in eos for t in ids)
+    body = [int(t) for t in ids if int(t) not in eos]
+    return (not ended and len(ids) >= max_new_tokens) or repeated_ngram_fraction(body) >= 0.5
+
+
+def length_reward(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
+    """Characters of the completion: the GRPO control reward, which only response length can raise."""
+    return [float(len(str(c))) for c in completions]
+
+
+def _grpo_run(policy: torch.nn.Module, tok, reward: str, seed: int, held_out: list[dict], settings: dict, *,
+              chat: bool, trainable: str | None = None) -> list[dict]:
+    """Per held-out problem: greedy correctness, tokens and degeneracy before / after GRPO with ``reward``."""
     import lightning.pytorch as pl
 
     from lit_lowrank.tasks.grpo import GRPOModule
 
     torch.manual_seed(seed)
-    module = GRPOModule(policy=copy.deepcopy(policy), tokenizer=tok, reward=reward, eval_reward="arithmetic",
-                        group_size=group_size, max_new_tokens=max_new_tokens, chat=chat, beta=0.04,
-                        updates_per_batch=1, trainable=trainable,
-                        optimizer=lambda p: torch.optim.AdamW(p, lr=lr, weight_decay=0.0))
-    # stable rank under the frozen initial model for both runs, so the two rows are comparable
-    sr_reward = StableRankReward(module.reference, tok, chat=chat) if module.reference is not None else None
+    reward_arg: Any = {"stable_rank_raw": "stable_rank", "length": length_reward}.get(reward, reward)
+    module = GRPOModule(policy=copy.deepcopy(policy), tokenizer=tok, reward=reward_arg,
+                        reward_kwargs={"normalize": "none"} if reward == "stable_rank_raw" else None,
+                        eval_reward="arithmetic", group_size=settings["group_size"],
+                        max_new_tokens=settings["max_new_tokens"], chat=chat, beta=0.04, updates_per_batch=1,
+                        trainable=trainable, optimizer=lambda p: torch.optim.AdamW(p, lr=settings["lr"],
+                                                                                   weight_decay=0.0))
     prompts, answers = [p["prompt"] for p in held_out], [p["answer"] for p in held_out]
 
-    def evaluate() -> tuple[float, float]:
-        texts = module.generate_text(prompts)
-        accuracy = sum(arithmetic_reward(prompts, texts, answer=answers)) / len(prompts)
-        return accuracy, (sum(sr_reward(prompts, texts)) / len(prompts)) if sr_reward else float("nan")
+    def evaluate() -> list[tuple[float, int, bool]]:
+        _, ids, texts = module.sample(prompts, 1, greedy=True)
+        ok = arithmetic_reward(prompts, texts, answer=answers)
+        return [(ok[i], sum(int(t) not in module.eos_ids for t in ids[i]),
+                 is_degenerate(ids[i], module.eos_ids, settings["max_new_tokens"])) for i in range(len(prompts))]
 
-    acc_before, sr_before = evaluate()
-    trainer = pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
-    trainer.fit(module, datamodule=PromptDataModule("arithmetic", batch_size=batch_size,
-                                                     num_train=batch_size * steps, seed=seed))
-    acc_after, sr_after = evaluate()
-    name = "sr_grpo" if reward == "stable_rank" else f"grpo_{reward}_reward"
-    return [
-        {"section": "sr_grpo", "method": f"{name}_before", "reward": reward, "n": len(held_out),
-         "accuracy": acc_before, "stable_rank_reward": sr_before},
-        {"section": "sr_grpo", "method": f"{name}_after", "reward": reward, "n": len(held_out), "steps": steps,
-         "accuracy": acc_after, "stable_rank_reward": sr_after,
-         "train_reward_last": float(trainer.callback_metrics.get("train/reward", float("nan")))},
+    before = evaluate()
+    trainer = pl.Trainer(max_steps=settings["steps"], accelerator="cpu", devices=1, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         limit_val_batches=0)
+    trainer.fit(module, datamodule=PromptDataModule("arithmetic", batch_size=settings["batch_size"],
+                                                     num_train=settings["batch_size"] * settings["steps"], seed=seed))
+    after = evaluate()
+    return [{"section": "sr_grpo", "reward": reward, "seed": seed, "problem": i,
+             "correct_before": b[0], "correct_after": a[0], "tokens_before": b[1], "tokens_after": a[1],
+             "degenerate_before": float(b[2]), "degenerate_after": float(a[2])}
+            for i, (b, a) in enumerate(zip(before, after))]
+
+
+def _lora_policy(model: torch.nn.Module, rank: int) -> torch.nn.Module:
+    """SmolLM2 with PEFT LoRA (r = ``rank``, alpha = 2r) on every attention and MLP projection."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
+                        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    return get_peft_model(copy.deepcopy(model), config)
+
+
+def grouped_auc(values: torch.Tensor, correct: torch.Tensor) -> float:
+    """Mean over groups (rows) with right and wrong members of P(value(right) > value(wrong)), ties half.
+
+    ``values``, ``correct``: ``(groups, n)``; NaN when no group has both.
+    """
+    per_group = []
+    for v, ok in zip(values, correct.bool()):
+        if ok.any() and (~ok).any():
+            diff = v[ok][:, None] - v[~ok][None, :]
+            per_group.append(float((diff > 0).float().mean() + 0.5 * (diff == 0).float().mean()))
+    return float(np.mean(per_group)) if per_group else float("nan")
+
+
+def reward_auc(policy: torch.nn.Module, tok, problems: list[dict], settings: dict, seed: int, *,
+               chat: bool) -> dict[str, float]:
+    """How well each GRPO reward tells right from wrong answers of the policy it will train.
+
+    ``group_size`` samples per problem from the initial policy (as GRPO samples them), scored by each reward
+    (stable rank under the initial policy itself, as in SR-GRPO); :func:`grouped_auc` over problems with right
+    and wrong samples: 0.5 = no information about correctness, 1.0 = the verifiable reward. A reward near 0.5
+    cannot raise accuracy; GRPO then follows whatever else it pays for.
+    """
+    from lit_lowrank.decoding.stable_rank import StableRankReward
+
+    rewards = {"stable_rank": StableRankReward(policy, tok, chat=chat),
+               "stable_rank_raw": StableRankReward(policy, tok, chat=chat, normalize="none"),
+               "length": length_reward}
+    g = settings["group_size"]
+    prompts = [p["prompt"] for p in problems for _ in range(g)]
+    scorer = ResponseScorer(policy, tok, chat=chat)
+    eos = eos_token_ids(policy, tok)
+    pad = getattr(tok, "pad_token_id", None)
+    ids = sample_responses(policy, [scorer.prompt_ids(p["prompt"]) for p in problems], g, settings["max_new_tokens"],
+                           eos, pad if pad is not None else min(eos), generator_seed=seed)
+    texts = [decode_completion(tok, c, eos) for c in ids]
+    correct = torch.tensor(arithmetic_reward(prompts, texts, answer=[p["answer"] for p in problems for _ in range(g)]))
+    out = {name: grouped_auc(torch.tensor(fn(prompts, texts)).view(-1, g), correct.view(-1, g))
+           for name, fn in rewards.items()}
+    out["problems_with_both"] = float(sum(bool(ok.any() and (~ok).any()) for ok in correct.view(-1, g).bool()))
+    return out
+
+
+def _sr_grpo(model, tok, quick: bool, sizes: dict, seed: int) -> tuple[list[dict], dict[str, float]]:
+    held_out = arithmetic_problems(sizes["held_out"], seed=seed + 200)
+    seeds = range(seed, seed + sizes["grpo_seeds"])
+    if quick:
+        from lit_lowrank.datamodules.tokenizers import ByteTokenizer
+
+        policy, tok_used, settings, chat, trainable = tiny_arithmetic_policy(seed), ByteTokenizer(), GRPO_QUICK, \
+            False, None
+    else:  # SmolLM2 with LoRA: only the adapters train
+        policy, tok_used, settings, chat, trainable = _lora_policy(model, GRPO_FULL["lora_rank"]), tok, GRPO_FULL, \
+            True, r"lora_"
+    auc = reward_auc(policy, tok_used, held_out, settings, seed, chat=chat)
+    rows = [row for s in seeds for reward in GRPO_REWARDS for row in _grpo_run(
+        policy, tok_used, reward, s, held_out, settings, chat=chat, trainable=trainable)]
+    return rows, auc
+
+
+# ----------------------------------------------------------------------------- claims
+
+
+def _claims(rows: list[dict], seeds: Sequence[int], gaming: bool = True) -> tuple[list[dict], list[dict]]:
+    """Claims and controls from the rows; ``gaming=False`` leaves out the degenerate-response claim and its control.
+
+    Quick mode passes ``gaming=False``: its GRPO dose (30 steps at lr 1e-4) moved even a pure length reward by only
+    +0.2 tokens and +0.02 degenerate rate (quick run of 2026-12-01), so the control holds and "does not game" could
+    not fail there. The rows still report tokens and degenerate rates before / after for every reward.
+    """
+    pw = [r for r in rows if r["section"] == "pairwise"]
+    bon = [r for r in rows if r["section"] == "best_of_n"]
+
+    def col(items: list[dict], key: str) -> list[float]:
+        return [float(r[key]) for r in items]
+
+    rng = random.Random(1)
+    flips = [rng.random() < 0.5 for _ in pw]
+    shuffled = [1.0 - v if f else v for v, f in zip(col(pw, "stable_rank"), flips)]
+    pairwise_q = "pairwise accuracy: fraction of pairs with score(chosen) > score(rejected)"
+    claims = [
+        rate_claim("pairwise: length-normalised stable rank ranks the better response higher on > 50% of pairs",
+                   PAPER_PAIRWISE, pairwise_q, col(pw, "stable_rank"), 0.5, "pair"),
+        rate_claim("pairwise: length-normalised stable rank more accurate than mean log-prob",
+                   PAPER_BASELINES, "pairwise accuracy(stable rank) - pairwise accuracy(mean log-prob), fraction",
+                   col(pw, "stable_rank"), 0.0, "pair", baseline=col(pw, "mean_log_prob")),
+        rate_claim("Best-of-8: stable-rank selection more accurate than greedy decoding",
+                   PAPER_BON, "exact-match accuracy(stable-rank BoN) - accuracy(greedy), fraction of problems",
+                   col(bon, "stable_rank"), 0.0, "problem", baseline=col(bon, "greedy")),
     ]
+    controls = [
+        rate_claim("control: a random scorer ranks the better response higher on > 50% of pairs",
+                   PAPER_PAIRWISE, pairwise_q, col(pw, "random"), 0.5, "pair"),
+        rate_claim("control: response length alone ranks the better response higher on > 50% of pairs",
+                   PAPER_PAIRWISE, pairwise_q, col(pw, "length"), 0.5, "pair"),
+        rate_claim("control: response shortness alone ranks the better response higher on > 50% of pairs",
+                   PAPER_PAIRWISE, pairwise_q, col(pw, "shortness"), 0.5, "pair"),
+        rate_claim("control: stable rank on pairs whose labels were swapped at random (half of them)",
+                   PAPER_PAIRWISE, pairwise_q, shuffled, 0.5, "pair"),
+        rate_claim("control: Best-of-8 with a random pick more accurate than greedy decoding",
+                   PAPER_BON, "exact-match accuracy(random BoN) - accuracy(greedy), fraction of problems",
+                   col(bon, "random"), 0.0, "problem", baseline=col(bon, "greedy")),
+        rate_claim("control: Best-of-8 picking the longest sample more accurate than greedy decoding",
+                   PAPER_BON, "exact-match accuracy(longest-sample BoN) - accuracy(greedy), fraction of problems",
+                   col(bon, "length"), 0.0, "problem", baseline=col(bon, "greedy")),
+    ]
+    grpo = [r for r in rows if r["section"] == "sr_grpo"]
+    if grpo:
+        def per_problem(reward: str, key: str) -> list[float]:
+            items = [r for r in grpo if r["reward"] == reward]
+            problems = sorted({r["problem"] for r in items})
+            return [float(np.mean([r[key] for r in items if r["problem"] == p])) for p in problems]
+
+        n_seeds = len(seeds)
+        gain_q = f"greedy accuracy after - before GRPO on held-out problems (mean over {n_seeds} seed(s)), fraction"
+        hack_q = ("degenerate-response rate after - before GRPO (no EOS within the budget, or >= half the 3-grams "
+                  f"repeated; mean over {n_seeds} seed(s)), fraction")
+        claims += [
+            rate_claim("SR-GRPO (length-normalised stable rank, no answers used) raises greedy task accuracy",
+                       PAPER_GRPO, gain_q, per_problem("stable_rank", "correct_after"), 0.0, "problem",
+                       baseline=per_problem("stable_rank", "correct_before")),
+        ]
+        controls += [
+            rate_claim("control: GRPO on response length raises greedy task accuracy",
+                       PAPER_GRPO, gain_q, per_problem("length", "correct_after"), 0.0, "problem",
+                       baseline=per_problem("length", "correct_before")),
+        ]
+        if gaming:
+            claims.append(_not_more_degenerate("SR-GRPO does not game its reward: degenerate responses rise by < 0.05",
+                                               per_problem("stable_rank", "degenerate_after"),
+                                               per_problem("stable_rank", "degenerate_before"), hack_q))
+            controls.append(_not_more_degenerate(
+                "control: GRPO on response length does not game it (degenerate rise < 0.05)",
+                per_problem("length", "degenerate_after"), per_problem("length", "degenerate_before"), hack_q))
+    return claims, controls
 
 
-def _sr_grpo(model, tok, quick: bool, seed: int) -> list[dict]:
-    held_out = arithmetic_problems(64 if quick else 32, seed=seed + 200)
-    if not quick:  # the SmolLM2 setting: last decoder layer + final norm trainable (CPU budget)
-        return [row for reward in ("stable_rank", "arithmetic") for row in _grpo_run(
-            model, tok, reward, 40, seed, held_out, chat=True, group_size=4, max_new_tokens=12, lr=3e-5,
-            batch_size=2, trainable=r"model\.layers\.29\.|model\.norm")]
-    from lit_lowrank.datamodules.tokenizers import ByteTokenizer
-
-    # a tiny policy at intermediate accuracy: SmolLM2 backward passes cost minutes per step on 2 CPU cores, and
-    # tiny matrices do not parallelise, so one thread is cheaper in CPU time (restored afterwards)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        policy = tiny_arithmetic_policy(seed)
-        return [row for reward in ("stable_rank", "arithmetic") for row in _grpo_run(
-            policy, ByteTokenizer(), reward, GRPO_QUICK["steps"], seed, held_out, chat=False,
-            group_size=GRPO_QUICK["group_size"], max_new_tokens=14, lr=GRPO_QUICK["lr"],
-            batch_size=GRPO_QUICK["batch_size"])]
-    finally:
-        torch.set_num_threads(threads)
+def _not_more_degenerate(text: str, after: list[float], before: list[float], quantity: str) -> dict[str, Any]:
+    a, b = np.asarray(after), np.asarray(before)
+    return statistic_claim(text, paper=PAPER_HACKING, quantity=quantity, n_units=a.size,
+                           statistic=lambda idx: float(a[idx].mean() - b[idx].mean()), target=0.05, op="<",
+                           unit="problem")
 
 
-GRPO_QUICK = {"steps": 30, "group_size": 8, "lr": 3e-4, "batch_size": 4}
+def _summary(rows: list[dict], auc: dict[str, float]) -> list[dict]:
+    out = []
+    pw = [r for r in rows if r["section"] == "pairwise"]
+    subsets = sorted({r["subset"] for r in pw})
+    for name in (*SIGNALS, "shortness", "random"):
+        row = {"section": f"pairwise ({len(pw)} pairs)", "signal": name,
+               "accuracy": float(np.mean([r[name] for r in pw]))}
+        for s in subsets:
+            row[s] = float(np.mean([r[name] for r in pw if r["subset"] == s]))
+        out.append(row)
+    bon = [r for r in rows if r["section"] == "best_of_n"]
+    for name in ("greedy", "random", *SIGNALS, "oracle"):
+        out.append({"section": f"best_of_{BON['n']} ({len(bon)} problems)", "signal": name,
+                    "accuracy": float(np.mean([r[name] for r in bon]))})
+    grpo = [r for r in rows if r["section"] == "sr_grpo"]
+    for reward in GRPO_REWARDS:
+        items = [r for r in grpo if r["reward"] == reward]
+        if items:
+            out.append({"section": "sr_grpo", "signal": f"GRPO reward: {reward}",
+                        "accuracy": float(np.mean([r["correct_after"] for r in items])),
+                        "accuracy_before": float(np.mean([r["correct_before"] for r in items])),
+                        "tokens_before": float(np.mean([r["tokens_before"] for r in items])),
+                        "tokens_after": float(np.mean([r["tokens_after"] for r in items])),
+                        "degenerate_before": float(np.mean([r["degenerate_before"] for r in items])),
+                        "degenerate_after": float(np.mean([r["degenerate_after"] for r in items])),
+                        "reward_auc": 1.0 if reward == "arithmetic" else auc.get(reward)})
+    return out
 
 
 def run(quick: bool, seed: int) -> BenchmarkResult:
     from lit_lowrank.models.pretrained import load_smollm2
 
+    # at most 2 threads (an OMP_NUM_THREADS=1 setting is kept: cheaper in CPU time on a shared machine)
+    torch.set_num_threads(min(2, torch.get_num_threads()))
     torch.manual_seed(seed)
+    sizes = QUICK if quick else FULL
     model, tok = load_smollm2()
     model.eval()
-    rows: list[dict] = []
-    for section in (_pairwise, _best_of_n, _sr_grpo):
-        rows += section(model, tok, quick, seed)
-        # progress on stderr: the sections take minutes on a loaded CPU and the table prints only at the end
-        print(f"[stable_rank] {section.__name__[1:]} done: {rows}", file=sys.stderr, flush=True)
+    scorer = ResponseScorer(model, tok, chat=True, batch_size=8)
+    phases: dict[str, float] = {}
 
-    def acc(section: str, method: str) -> float:
-        return next(r["accuracy"] for r in rows if r["section"] == section and r["method"] == method)
+    def timed(name: str, fn: Callable[[], Any]) -> Any:
+        start = time.process_time()
+        out = fn()
+        phases[name] = round(time.process_time() - start, 1)
+        print(f"[stable_rank] {name}: {phases[name]} CPU s", file=sys.stderr, flush=True)
+        return out
 
-    claims = [
-        legacy_claim("pairwise: stable rank accuracy - mean log-prob accuracy > 0",
-              acc("pairwise", "stable_rank") - acc("pairwise", "mean_log_prob"), 0.0, ">"),
-        legacy_claim("pairwise: stable rank accuracy - random accuracy > 0",
-              acc("pairwise", "stable_rank") - acc("pairwise", "random"), 0.0, ">"),
-        legacy_claim("Best-of-8: stable-rank selection accuracy - greedy accuracy > 0",
-              acc("best_of_n", "stable_rank") - acc("best_of_n", "greedy"), 0.0, ">"),
-        legacy_claim("SR-GRPO (no external reward): task accuracy after - before > 0",
-              acc("sr_grpo", "sr_grpo_after") - acc("sr_grpo", "sr_grpo_before"), 0.0, ">"),
-    ]
-    notes = {"model": "SmolLM2-135M-Instruct (offline GGUF, dequantised) for pairwise and Best-of-N",
-             "best_of_n": "the claim uses raw stable rank (the paper's srank = |H|_F^2/|H|_2^2); "
-                          "stable_rank_max_rank (/ min(T, d)) is reported as its own row",
-             "sr_grpo": ("quick: tiny byte-level Llama supervised on the arithmetic format (intermediate accuracy), "
-                         if quick else "full: SmolLM2, only model.layers.29 and the final norm train (CPU budget), ")
-                        + "scorer = frozen initial model; grpo_arithmetic_reward = verifiable-reward upper baseline"}
-    return BenchmarkResult(rows, claims, notes)
+    reference = timed("length_reference", scorer.length_reference)
+    bon_rows, correctness = timed("best_of_n", lambda: _best_of_n(model, tok, scorer, sizes, seed))
+    pair_rows = timed("pairwise", lambda: _pairwise(model, tok, scorer, sizes, seed, correctness))
+    grpo_rows, auc = timed("sr_grpo", lambda: _sr_grpo(model, tok, quick, sizes, seed))
+    rows = pair_rows + bon_rows + grpo_rows
+    seeds = list(range(seed, seed + sizes["grpo_seeds"]))
+    claims, controls = _claims(rows, seeds, gaming=not quick)
+    notes = {
+        "scorer": "SmolLM2-135M-Instruct (offline GGUF, dequantised), chat template, post-final-norm, special "
+                  "tokens excluded, uncentred; stable_rank = raw / E[srank | T] of Lee test articles",
+        "length_reference": reference.to_dict(),
+        "pairs": {s: sum(1 for r in pair_rows if r["subset"] == s) for s in sorted({r["subset"] for r in pair_rows})},
+        "best_of_n": BON, "pair_sampling": PAIR_SAMPLING,
+        "sr_grpo": ("quick: tiny byte-level Llama supervised on the arithmetic format (intermediate accuracy), "
+                    f"{GRPO_QUICK}" if quick else f"full: SmolLM2 + LoRA, {GRPO_FULL}")
+                   + f"; seeds {seeds}; scorer = frozen initial policy",
+        "sr_grpo_reward_auc": auc,
+        "phase_cpu_s": phases,
+    }
+    return BenchmarkResult(rows, claims, controls, notes, _summary(rows, auc))

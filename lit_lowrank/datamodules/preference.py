@@ -6,13 +6,15 @@
   network exists and pass its path.
 - :func:`degradation_pairs`: the embedded default. Prompts ask to continue a news article of
   gensim's Lee corpus (ships with ``gensim``); the chosen response is the article's real
-  continuation and the rejected one the same continuation degraded in one of four documented,
+  continuation and the rejected one the same continuation degraded in one of five documented,
   seeded ways (:data:`DEGRADATIONS`): a repetition loop, truncation, words shuffled within each
-  sentence, or an off-topic continuation taken from another article.
+  sentence, an off-topic continuation taken from another article, or the continuation followed by
+  a loop of its last words. Truncation makes the rejected response shorter and the looped tail
+  makes it longer, so response length alone cannot sort the pairs.
 
 .. code-block:: python
 
-    pairs = degradation_pairs(n_prompts=16, seed=0)          # 16 x 4 pairs
+    pairs = degradation_pairs(n_prompts=16, seed=0)          # 16 x 5 pairs
     pairs = load_rewardbench("~/data/reward-bench/filtered.parquet")
 """
 
@@ -26,14 +28,16 @@ from pathlib import Path
 
 from lit_lowrank.datamodules._paths import package_file, require_path
 
-__all__ = ["DEGRADATIONS", "PreferencePair", "degradation_pairs", "lee_documents", "load_rewardbench"]
+__all__ = ["DEGRADATIONS", "PreferencePair", "degradation_pairs", "lee_documents", "load_rewardbench",
+           "reference_texts"]
 
 #: How a good response is degraded into the rejected one:
 #:   repetition: the first sentence's opening words looped until the length of the original;
 #:   truncation: cut after the first third of its words, mid-sentence;
 #:   shuffled:   the words of each sentence put in a random order (fluency destroyed, topic kept);
-#:   off_topic:  the continuation of a different article (fluent, wrong topic).
-DEGRADATIONS: tuple[str, ...] = ("repetition", "truncation", "shuffled", "off_topic")
+#:   off_topic:  the continuation of a different article (fluent, wrong topic);
+#:   looped_tail: the whole continuation, then its last four words looped until it is twice as long.
+DEGRADATIONS: tuple[str, ...] = ("repetition", "truncation", "shuffled", "off_topic", "looped_tail")
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,15 @@ def lee_documents() -> list[str]:
     """The 300 articles of gensim's Lee news corpus, one string each."""
     lines = package_file("gensim", "test/test_data/lee_background.cor").read_text(encoding="utf-8").splitlines()
     return [line.strip() for line in lines if line.strip()]
+
+
+def reference_texts(n: int = 32) -> list[str]:
+    """The first ``n`` articles of gensim's Lee *test* corpus (``lee.cor``, 50 articles, disjoint from
+    :func:`lee_documents`): the natural text whose stable rank at each length normalises a response's
+    (:meth:`~lit_lowrank.decoding.ResponseScorer.length_reference`)."""
+    # lee.cor is latin-1 (a pound sign), unlike lee_background.cor
+    lines = package_file("gensim", "test/test_data/lee.cor").read_text(encoding="latin-1").splitlines()
+    return [line.strip() for line in lines if line.strip()][:n]
 
 
 def _sentences(text: str) -> list[str]:
@@ -75,6 +88,12 @@ def _degrade(kind: str, response: str, other: str, rng: random.Random) -> str:
         return " ".join(shuffled)
     if kind == "off_topic":
         return other
+    if kind == "looped_tail":
+        tail = words[-4:]
+        out = list(words)
+        while len(out) < 2 * len(words):
+            out += tail
+        return " ".join(out[: 2 * len(words)])
     raise ValueError(f"degradation {kind!r} unknown, expected one of {DEGRADATIONS}.")
 
 
@@ -109,7 +128,8 @@ def degradation_pairs(
         context = " ".join(doc[:context_sentences])
         response = " ".join(doc[context_sentences:need])
         other = " ".join(partner[context_sentences:need])
-        prompt = f"Continue this news article with two more sentences.\n\n{context}"
+        more = "one more sentence" if response_sentences == 1 else f"{response_sentences} more sentences"
+        prompt = f"Continue this news article with {more}.\n\n{context}"
         for kind in kinds:
             pairs.append(PreferencePair(prompt, response, _degrade(kind, response, other, rng), kind))
     return pairs

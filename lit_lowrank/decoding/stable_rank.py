@@ -19,6 +19,7 @@ log-prob, negative entropy, self-certainty), so every signal is scored on identi
 
 from __future__ import annotations
 
+import inspect
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,20 +28,46 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lit_lowrank.datamodules.preference import PreferencePair
+from lit_lowrank.datamodules.preference import PreferencePair, reference_texts
 from lit_lowrank.ops.sequence_signals import mean_log_prob, negative_entropy, self_certainty
-from lit_lowrank.ops.stable_rank import Normalization, stable_rank
+from lit_lowrank.ops.stable_rank import (
+    DEFAULT_REFERENCE_LENGTHS,
+    NORMALIZATIONS,
+    LengthReference,
+    Normalization,
+    length_reference_from_ranks,
+    prefix_stable_ranks,
+    stable_rank,
+)
 
 __all__ = [
-    "SIGNALS", "BestOfNResult", "ResponseScorer", "StableRankReward", "best_of_n", "evaluate_pairs",
+    "SIGNALS", "BestOfNResult", "ResponseScorer", "StableRankReward", "best_of_n", "evaluate_pairs", "padded_chunks",
     "decode_completion", "eos_token_ids", "pairwise_accuracy", "sample_responses", "select_best",
 ]
 
-#: Signals :meth:`ResponseScorer.signals` computes; higher is better for each.
-# "stable_rank_max_rank" is the length-normalised stable rank (srank / min(T, d)) from the same forward pass,
-# whatever the scorer's own `normalize`: Best-of-N and pairwise tables report it next to the raw one
-SIGNALS: tuple[str, ...] = ("stable_rank", "mean_log_prob", "negative_entropy", "self_certainty", "length",
-                            "stable_rank_max_rank")
+#: Signals :meth:`ResponseScorer.signals` computes; higher is better for each. ``stable_rank`` uses the
+#: scorer's own ``normalize`` (default: length-normalised by the reference curve); ``stable_rank_raw``
+#: (the paper's ``‖H‖_F²/‖H‖₂²``) and ``stable_rank_max_rank`` (``srank / min(T, d)``) come from the same
+#: forward pass whatever ``normalize`` is, so tables report the variants side by side.
+SIGNALS: tuple[str, ...] = ("stable_rank", "stable_rank_raw", "stable_rank_max_rank", "mean_log_prob",
+                            "negative_entropy", "self_certainty", "length")
+LOGIT_SIGNALS: tuple[str, ...] = ("mean_log_prob", "negative_entropy", "self_certainty")
+#: The prompt the reference texts are scored under (their rows then sit where a response's rows sit).
+REFERENCE_PROMPT = "Write a short news report."
+REFERENCE_TOKENS = 96
+
+
+@dataclass
+class _ResponseView:
+    """What one forward yields for a batch of responses: hidden states with the stable-rank rows, and the
+    next-token logits aligned with the response's tokens (``logits[:, t]`` predicts ``targets[:, t]``)."""
+
+    states: Tensor
+    rank_mask: Tensor
+    lengths: Tensor
+    logits: Tensor | None = None
+    targets: Tensor | None = None
+    target_mask: Tensor | None = None
 
 
 def _text(item: Any) -> str:
@@ -60,13 +87,24 @@ class ResponseScorer:
         batch_size: sequences per forward pass.
         center: center each response's hidden states before the stable rank (see
             :func:`~lit_lowrank.ops.stable_rank.stable_rank`).
-        normalize: ``"none"`` or ``"max_rank"`` (divide by ``min(T, d)``).
+        normalize: ``"reference"`` (default: divide by the mean stable rank of reference text of the
+            same length under this model, :meth:`length_reference`), ``"none"`` (raw, the paper's
+            ``‖H‖_F²/‖H‖₂²``, which grows with the response length) or ``"max_rank"`` (divide by ``min(T, d)``).
         final_norm: read the hidden states after the model's final norm (``True``, what
             ``hidden_states[-1]`` is) or before it (a hook on the decoder's ``norm`` module).
         include_special_tokens: count special tokens (end-of-turn, EOS) of the response as rows.
         chat: wrap plain-string prompts as a user message in the tokenizer's chat template (message
             lists always go through the template).
         max_response_tokens: truncate responses to this many tokens (``None``: no limit).
+        reference: a fitted :class:`~lit_lowrank.ops.stable_rank.LengthReference` (skips calibration).
+        reference_texts: texts whose stable rank defines the length curve (default:
+            :func:`~lit_lowrank.datamodules.preference.reference_texts`, news articles disjoint from the
+            embedded preference pairs), scored as completions of ``reference_prompt``, each cut to
+            ``reference_tokens`` tokens.
+
+    Completions that share a prompt are scored with the prompt run once and its KV cache repeated
+    (Best-of-N samples, GRPO groups, preference pairs): the same numbers as separate sequences, for a
+    fraction of the tokens.
 
     .. code-block:: python
 
@@ -75,16 +113,23 @@ class ResponseScorer:
     """
 
     def __init__(self, model: Any, tokenizer: Any, batch_size: int = 8, center: bool = False,
-                 normalize: Normalization = "none", final_norm: bool = True, include_special_tokens: bool = False,
-                 chat: bool = False, max_response_tokens: int | None = None) -> None:
+                 normalize: Normalization = "reference", final_norm: bool = True, include_special_tokens: bool = False,
+                 chat: bool = False, max_response_tokens: int | None = None, reference: LengthReference | None = None,
+                 reference_texts: Sequence[str] | None = None, reference_prompt: str = REFERENCE_PROMPT,
+                 reference_tokens: int = REFERENCE_TOKENS) -> None:
         if batch_size < 1:
             raise ValueError(f"`batch_size` must be >= 1, got {batch_size}.")
-        if normalize not in ("none", "max_rank"):
-            raise ValueError(f"`normalize`={normalize!r}, expected 'none' or 'max_rank'.")
+        if normalize not in NORMALIZATIONS:
+            raise ValueError(f"`normalize`={normalize!r}, expected one of {NORMALIZATIONS}.")
+        if reference_tokens < 2:
+            raise ValueError(f"`reference_tokens` must be >= 2, got {reference_tokens}.")
         self.model, self.tokenizer = model, tokenizer
         self.batch_size, self.center, self.normalize = batch_size, center, normalize
         self.final_norm, self.include_special_tokens, self.chat = final_norm, include_special_tokens, chat
         self.max_response_tokens = max_response_tokens
+        self.reference = reference
+        self.reference_texts, self.reference_prompt, self.reference_tokens = reference_texts, reference_prompt, \
+            reference_tokens
         self.special_ids = set(getattr(tokenizer, "all_special_ids", []) or [])
 
     # ------------------------------------------------------------------ encoding
@@ -104,6 +149,33 @@ class ResponseScorer:
         """Token ids of a completion (string or message list), without added special tokens."""
         return self._encode(_text(completion), add_special_tokens=False)
 
+    # ------------------------------------------------------------------ length reference
+    def length_reference(self) -> LengthReference:
+        """``E[srank | T]`` of the reference texts under this scorer (fitted once, then kept).
+
+        Each reference text (cut to ``reference_tokens`` tokens) is scored as the completion of
+        ``reference_prompt`` with the scorer's own options (chat wrapping, final norm, centring,
+        special tokens), so the curve describes the rows the scorer reads from real responses.
+        """
+        if self.reference is None:
+            with torch.no_grad():
+                self.reference = self._fit_reference()
+        return self.reference
+
+    def _fit_reference(self) -> LengthReference:
+        texts = list(self.reference_texts) if self.reference_texts is not None else reference_texts()
+        if not texts:
+            raise ValueError("`reference_texts` is empty: the length reference needs texts.")
+        prompt = self.prompt_ids(self.reference_prompt)
+        completions = [self.completion_ids(t)[: self.reference_tokens] for t in texts]
+        lengths = [n for n in DEFAULT_REFERENCE_LENGTHS if n <= self.reference_tokens]
+        ranks = []
+        for start in range(0, len(completions), self.batch_size):
+            chunk = completions[start:start + self.batch_size]
+            view = self._forward([prompt] * len(chunk), chunk, logits=False)
+            ranks.append(prefix_stable_ranks(view.states, view.rank_mask, lengths, self.center))
+        return length_reference_from_ranks(torch.cat(ranks), lengths)
+
     # ------------------------------------------------------------------ scoring
     @torch.no_grad()
     def score_ids(self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
@@ -114,17 +186,44 @@ class ResponseScorer:
             raise ValueError(f"`signals` has unknown names {unknown}, expected among {SIGNALS}.")
         if len(prompt_ids) != len(completion_ids):
             raise ValueError(f"got {len(prompt_ids)} prompts for {len(completion_ids)} completions.")
-        out: dict[str, list[Tensor]] = {s: [] for s in signals}
-        for start in range(0, len(prompt_ids), self.batch_size):
-            chunk = self._score_batch(prompt_ids[start:start + self.batch_size],
-                                      completion_ids[start:start + self.batch_size], signals)
-            for name in signals:
-                out[name].append(chunk[name])
         if not prompt_ids:
             return {s: torch.empty(0) for s in signals}
-        return {s: torch.cat(v) for s, v in out.items()}
+        if "stable_rank" in signals and self.normalize == "reference":
+            self.length_reference()
+        # completions sharing a (non-empty) prompt run as one group; the rest in padded batches
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, p in enumerate(prompt_ids):
+            groups.setdefault(tuple(int(t) for t in p), []).append(i)
+        length = [len(c) if not self.max_response_tokens else min(len(c), self.max_response_tokens)
+                  for c in completion_ids]
+        chunks = [chunk for key, idx in groups.items() if key and len(idx) > 1
+                  for chunk in padded_chunks(idx, length, len(key), self.batch_size)]
+        singles = sorted((i for key, idx in groups.items() if not key or len(idx) == 1 for i in idx),
+                         key=lambda i: len(prompt_ids[i]) + length[i])   # similar lengths share a padded batch
+        chunks += [singles[s:s + self.batch_size] for s in range(0, len(singles), self.batch_size)]
+        out = {s: torch.empty(len(prompt_ids)) for s in signals}
+        need_logits = any(s in LOGIT_SIGNALS for s in signals)
+        for chunk in chunks:
+            view = self._forward([prompt_ids[i] for i in chunk], [completion_ids[i] for i in chunk], need_logits)
+            for name, value in self._signals(view, signals).items():
+                out[name][torch.tensor(chunk)] = value
+        return out
 
-    def _final_states(self, input_ids: Tensor, attention_mask: Tensor, keep: int) -> tuple[Tensor, Tensor]:
+    def _forward(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+                 logits: bool) -> _ResponseView:
+        completions = [list(c)[: self.max_response_tokens] if self.max_response_tokens else list(c)
+                       for c in completions]
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            if len(prompts) > 1 and len(prompts[0]) > 0 and all(list(p) == list(prompts[0]) for p in prompts):
+                return self._forward_shared_prompt(list(prompts[0]), completions, logits)
+            return self._forward_padded(prompts, completions, logits)
+        finally:
+            self.model.train(was_training)
+
+    def _run(self, **kwargs: Any) -> tuple[Tensor, Any]:
+        """One forward; returns (final hidden states, the model output), honouring ``final_norm``."""
         captured: list[Tensor] = []
         handle = None
         if not self.final_norm:
@@ -135,27 +234,19 @@ class ResponseScorer:
                                  "has none.")
             handle = norm.register_forward_hook(lambda m, args, out: captured.append(args[0]))
         try:
-            # logits only for the last `keep` positions (the responses): the LM head is a large share of a small
-            # model's cost and the prompt's logits are never read
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
-                             logits_to_keep=keep)
+            out = self.model(output_hidden_states=True, **kwargs)
         finally:
             if handle is not None:
                 handle.remove()
-        states = captured[0] if captured else out.hidden_states[-1]
-        return states, out.logits
+        return (captured[-1] if captured else out.hidden_states[-1]), out
 
-    def _score_batch(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
-                     signals: Sequence[str]) -> dict[str, Tensor]:
+    def _forward_padded(self, prompts: Sequence[Sequence[int]], completions: list[list[int]],
+                        logits: bool) -> _ResponseView:
         device = next(self.model.parameters()).device
-        rows, starts = [], []
-        for p, c in zip(prompts, completions):
-            c = list(c)[: self.max_response_tokens] if self.max_response_tokens else list(c)
-            rows.append(list(p) + c)
-            starts.append(len(p))
+        rows = [list(p) + c for p, c in zip(prompts, completions)]
+        starts = [len(p) for p in prompts]
         width = max(max(len(r) for r in rows), 1)
-        pad = getattr(self.tokenizer, "pad_token_id", None) or 0
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        ids = torch.full((len(rows), width), self._pad(), dtype=torch.long)
         attention = torch.zeros(len(rows), width, dtype=torch.long)
         response = torch.zeros(len(rows), width, dtype=torch.bool)
         for i, (row, s) in enumerate(zip(rows, starts)):  # right padding: positions 0..L-1 as usual
@@ -163,32 +254,64 @@ class ResponseScorer:
             attention[i, : len(row)] = 1
             response[i, s: len(row)] = True
         ids, attention, response = ids.to(device), attention.to(device), response.to(device)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            keep = min(width, width - min(starts) + 1)
-            states, logits = self._final_states(ids, attention, keep)
-        finally:
-            self.model.train(was_training)
-        window = ids[:, width - keep:]  # logits[:, j] predicts window[:, j + 1]
-        rank_mask = response.clone()
-        if not self.include_special_tokens and self.special_ids:
-            rank_mask &= ~torch.isin(ids, torch.tensor(sorted(self.special_ids), device=device))
+        # logits only for the last `keep` positions (the responses): the LM head is a large share of a small
+        # model's cost and the prompt's logits are never read
+        keep = min(width, width - min(starts) + 1) if logits else 1
+        states, out = self._run(input_ids=ids, attention_mask=attention, logits_to_keep=keep)
+        view = _ResponseView(states, self._rank_mask(ids, response), response.sum(-1))
+        if logits:  # logits[:, j] predicts window[:, j + 1]
+            window = ids[:, width - keep:]
+            view.logits, view.targets, view.target_mask = out.logits[:, :-1], window[:, 1:], \
+                response[:, width - keep + 1:]
+        return view
+
+    def _forward_shared_prompt(self, prompt: list[int], completions: list[list[int]], logits: bool) -> _ResponseView:
+        device = next(self.model.parameters()).device
+        first = self.model(input_ids=torch.tensor([prompt], device=device), use_cache=True, logits_to_keep=1)
+        # transformers 5.2x names the KV cache `cache` (argument and output); earlier versions `past_key_values`
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model  # PEFT
+        cache_arg = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+        cache = getattr(first, cache_arg)
+        k, width = len(completions), max(max(len(c) for c in completions), 1)
+        cache.batch_repeat_interleave(k)
+        ids = torch.full((k, width), self._pad(), dtype=torch.long)
+        response = torch.zeros(k, width, dtype=torch.bool)
+        for i, c in enumerate(completions):
+            ids[i, : len(c)] = torch.tensor(c, dtype=torch.long)
+            response[i, : len(c)] = True
+        ids, response = ids.to(device), response.to(device)
+        attention = torch.cat([torch.ones(k, len(prompt), dtype=torch.long, device=device), response.long()], 1)
+        states, out = self._run(input_ids=ids, attention_mask=attention, use_cache=True,
+                                logits_to_keep=width if logits else 1, **{cache_arg: cache})
+        view = _ResponseView(states, self._rank_mask(ids, response), response.sum(-1))
+        if logits:  # the prompt's last logit predicts the first response token
+            view.logits = torch.cat([first.logits[:, -1:].expand(k, 1, -1), out.logits[:, :-1]], 1)
+            view.targets, view.target_mask = ids, response
+        return view
+
+    def _pad(self) -> int:
+        return getattr(self.tokenizer, "pad_token_id", None) or 0
+
+    def _rank_mask(self, ids: Tensor, response: Tensor) -> Tensor:
+        if self.include_special_tokens or not self.special_ids:
+            return response
+        return response & ~torch.isin(ids, torch.tensor(sorted(self.special_ids), device=ids.device))
+
+    def _signals(self, view: _ResponseView, signals: Sequence[str]) -> dict[str, Tensor]:
         result: dict[str, Tensor] = {}
-        if "stable_rank" in signals:
-            result["stable_rank"] = stable_rank(states, rank_mask, self.center, self.normalize).cpu()
-        if "stable_rank_max_rank" in signals:
-            result["stable_rank_max_rank"] = stable_rank(states, rank_mask, self.center, "max_rank").cpu()
-        # logits[t] predicts token t+1: the logit signals read the response's tokens from the shift
-        shifted_logits, targets, target_mask = logits[:, :-1], window[:, 1:], response[:, width - keep + 1:]
+        for name, normalize in (("stable_rank", self.normalize), ("stable_rank_raw", "none"),
+                                ("stable_rank_max_rank", "max_rank")):
+            if name in signals:
+                reference = self.length_reference() if normalize == "reference" else None
+                result[name] = stable_rank(view.states, view.rank_mask, self.center, normalize, reference).cpu()
         if "mean_log_prob" in signals:
-            result["mean_log_prob"] = mean_log_prob(shifted_logits, targets, target_mask).cpu()
+            result["mean_log_prob"] = mean_log_prob(view.logits, view.targets, view.target_mask).cpu()
         if "negative_entropy" in signals:
-            result["negative_entropy"] = negative_entropy(shifted_logits, target_mask).cpu()
+            result["negative_entropy"] = negative_entropy(view.logits, view.target_mask).cpu()
         if "self_certainty" in signals:
-            result["self_certainty"] = self_certainty(shifted_logits, target_mask).cpu()
+            result["self_certainty"] = self_certainty(view.logits, view.target_mask).cpu()
         if "length" in signals:
-            result["length"] = response.sum(-1).float().cpu()
+            result["length"] = view.lengths.float().cpu()
         return result
 
     def signals(self, prompts: Sequence[Any], completions: Sequence[Any],
@@ -196,6 +319,29 @@ class ResponseScorer:
         """Every requested signal for text (or message-list) prompts and completions."""
         return self.score_ids([self.prompt_ids(p) for p in prompts], [self.completion_ids(c) for c in completions],
                               signals)
+
+
+def padded_chunks(indices: Sequence[int], lengths: Sequence[int], prefix: int, max_size: int) -> list[list[int]]:
+    """Split completions of one prompt into forward batches that pad least.
+
+    A batch costs ``prefix + size * longest`` tokens (the prompt runs once per batch, completions are padded to
+    the longest); sorted by length, the cheapest split into consecutive runs of at most ``max_size`` is found
+    by dynamic programming (a looped 80-token response no longer pads seven 30-token ones).
+    """
+    order = sorted(indices, key=lambda i: lengths[i])
+    n = len(order)
+    best = [0.0] + [float("inf")] * n          # best[j]: cheapest split of order[:j]
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(max(0, j - max_size), j):
+            cost = best[i] + prefix + (j - i) * max(lengths[order[j - 1]], 1)
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    chunks, j = [], n
+    while j > 0:
+        chunks.append(order[cut[j]:j])
+        j = cut[j]
+    return chunks[::-1]
 
 
 class StableRankReward:

@@ -1,17 +1,20 @@
 """Group-wise uniform weight quantization — the baselines SPHQuant is compared with:
-RTN, GPTQ and a rotation-based variant (randomized block-Hadamard + RTN).
+RTN, GPTQ and rotation-based variants (randomized block-Hadamard + RTN, and + GPTQ: QuaRot-style).
 
-All three store the same format (``bits``-bit codes packed into a bit stream, an fp16
-minimum and step per group of ``group_size`` input weights): ``bits + 32 / group_size``
-bits/weight. The Hadamard variant quantizes ``W R^T`` and must rotate every input at run
-time (``R x``), the overhead rotation-free methods avoid.
+All store the same format (``bits``-bit codes packed into a bit stream, an fp16 minimum and
+step per group of ``group_size`` input weights): ``bits + 32 / group_size`` bits/weight. The
+Hadamard variants quantize ``W R^T`` (GPTQ with the rotated Hessian ``R H R^T``) and must
+rotate every input at run time (``R x``), the overhead rotation-free methods avoid; their
+int8 signs are counted as side data. ``clip_grid`` adds GPTQ's clipping search of each
+group's range (its published grid: 100).
 
 .. code-block:: python
 
     from lit_lowrank.quant import quantize_uniform
 
     report = quantize_uniform(model, method="rtn", bits=2, group_size=128)
-    report = quantize_uniform(model, method="gptq", bits=2, group_size=128, hessians=hessians)
+    report = quantize_uniform(model, method="gptq", bits=2, group_size=128, hessians=hessians, clip_grid=100)
+    report = quantize_uniform(model, method="hadamard_gptq", bits=2, group_size=128, hessians=hessians)
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ from lit_lowrank.ops.quantization import (
     BitsBreakdown,
     UniformCodes,
     gptq_quantize,
+    gptq_sweep,
     hadamard_block_size,
     hadamard_rotate,
     num_groups,
     pack_fields,
     random_signs,
+    rotate_hessian,
     rtn_quantize,
     split_fields,
     uniform_bits,
@@ -40,8 +45,11 @@ from lit_lowrank.ops.quantization import (
 from lit_lowrank.quant.linear import QuantizedLinear, model_bits
 from lit_lowrank.quant.ptq import ForwardFn, PostTrainingQuantizer, collect_hessians, default_forward, select_linears
 
-UniformMethod = Literal["rtn", "gptq", "hadamard_rtn"]
-METHODS: tuple[str, ...] = ("rtn", "gptq", "hadamard_rtn")
+UniformMethod = Literal["rtn", "gptq", "hadamard_rtn", "hadamard_gptq"]
+METHODS: tuple[str, ...] = ("rtn", "gptq", "hadamard_rtn", "hadamard_gptq")
+#: methods that need calibration Hessians / that rotate inputs at run time
+HESSIAN_METHODS: tuple[str, ...] = ("gptq", "hadamard_gptq")
+ROTATED_METHODS: tuple[str, ...] = ("hadamard_rtn", "hadamard_gptq")
 
 
 class UniformQuantLinear(QuantizedLinear):
@@ -84,21 +92,9 @@ class UniformQuantLinear(QuantizedLinear):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, bits: int, group_size: int = 128, method: UniformMethod = "rtn",
-                    hessian: Tensor | None = None, seed: int = 0) -> UniformQuantLinear:
-        """Quantize one ``nn.Linear`` with ``method`` (``"gptq"`` needs its input ``hessian``)."""
-        w = linear.weight.detach().float()
-        signs = None
-        if method == "hadamard_rtn":
-            signs = random_signs(w.shape[1], seed, w.device)
-            w = hadamard_rotate(w, signs, hadamard_block_size(w.shape[1]))
-        if method == "gptq":
-            if hessian is None:
-                raise ValueError("method='gptq' needs the layer's calibration `hessian` (X^T X of its inputs).")
-            codes = gptq_quantize(w, hessian, bits, group_size)
-        elif method in ("rtn", "hadamard_rtn"):
-            codes = rtn_quantize(w, bits, group_size)
-        else:
-            raise ValueError(f"`method`={method!r}, expected one of {METHODS}.")
+                    hessian: Tensor | None = None, seed: int = 0, clip_grid: int = 0) -> UniformQuantLinear:
+        """Quantize one ``nn.Linear`` with ``method`` (``"gptq"`` / ``"hadamard_gptq"`` need its input ``hessian``)."""
+        codes, signs = quantize_weight(linear.weight, bits, group_size, method, hessian, seed, clip_grid)
         return cls.from_codes(codes, linear.bias, signs)
 
     def decode_rows(self, start: int, stop: int) -> Tensor:
@@ -131,6 +127,72 @@ class UniformQuantLinear(QuantizedLinear):
         return f"{super().extra_repr()}, bits={self.bits}, group_size={self.group_size}, rotate={self.rotate}"
 
 
+def quantize_weight(w: Tensor, bits: int, group_size: int, method: UniformMethod = "rtn",
+                    hessian: Tensor | None = None, seed: int = 0, clip_grid: int = 0) -> tuple[UniformCodes, Tensor | None]:
+    """Codes of a ``(out, in)`` weight (stacked rows of layers sharing an input are fine) and the
+    Hadamard signs of a rotated method (``None`` otherwise)."""
+    w, hessian, signs = _in_method_basis(w, hessian, method, seed)
+    if method in HESSIAN_METHODS:
+        return gptq_quantize(w, hessian, bits, group_size, clip_grid=clip_grid), signs  # type: ignore[arg-type]
+    return rtn_quantize(w, bits, group_size, clip_grid), signs
+
+
+def _in_method_basis(w: Tensor, hessian: Tensor | None, method: str,
+                     seed: int) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """The weight (and Hessian) a method quantizes: rotated by a seeded block-Hadamard for the rotated methods."""
+    if method not in METHODS:
+        raise ValueError(f"`method`={method!r}, expected one of {METHODS}.")
+    if method in HESSIAN_METHODS and hessian is None:
+        raise ValueError(f"method={method!r} needs the layer's calibration `hessian` (X^T X of its inputs).")
+    w = w.detach().float()
+    signs = None
+    if method in ROTATED_METHODS:
+        signs = random_signs(w.shape[1], seed, w.device)
+        block = hadamard_block_size(w.shape[1])
+        w = hadamard_rotate(w, signs, block)
+        if hessian is not None:
+            hessian = rotate_hessian(hessian.float(), signs, block)
+    return w, hessian, signs
+
+
+def _quantize_groups(stacked: list[tuple[Tensor, Tensor | None]], bits: int, group_size: int, method: str,
+                     clip_grid: int) -> list[UniformCodes]:
+    """Codes of each ``(weight, hessian)``; GPTQ problems of one shape share one batched column sweep."""
+    if method not in HESSIAN_METHODS:
+        return [rtn_quantize(w, bits, group_size, clip_grid) for w, _ in stacked]
+    out: list[UniformCodes | None] = [None] * len(stacked)
+    by_shape: dict[tuple[int, int], list[int]] = {}
+    for i, (w, _) in enumerate(stacked):
+        by_shape.setdefault(tuple(w.shape), []).append(i)  # type: ignore[arg-type]
+    for idx in by_shape.values():
+        codes, lo, step = gptq_sweep(torch.stack([stacked[i][0] for i in idx]),
+                                     torch.stack([stacked[i][1] for i in idx]),  # type: ignore[misc]
+                                     bits, group_size, clip_grid=clip_grid)
+        for j, i in enumerate(idx):
+            out[i] = UniformCodes(codes[j], lo[j], step[j], bits, group_size)
+    return out  # type: ignore[return-value]
+
+
+def shared_input_groups(names: list[str], hessians: dict[str, Tensor] | None) -> list[list[str]]:
+    """Layers whose calibration Hessians are equal read the same input (q/k/v, gate/up): one group each.
+
+    GPTQ's rows are independent given ``H``, so a group is quantized in one column sweep on its
+    stacked rows (and a rotated group shares one rotation). Without Hessians every layer is its own group.
+    """
+    if hessians is None:
+        return [[n] for n in names]
+    groups: list[list[str]] = []
+    for name in names:
+        h = hessians.get(name)
+        home = next((g for g in groups if h is not None and hessians.get(g[0]) is not None
+                     and hessians[g[0]].shape == h.shape and torch.equal(hessians[g[0]], h)), None)
+        if home is None:
+            groups.append([name])
+        else:
+            home.append(name)
+    return groups
+
+
 def quantize_uniform(
     model: nn.Module,
     method: UniformMethod = "rtn",
@@ -142,6 +204,7 @@ def quantize_uniform(
     calibration: Iterable[Any] | None = None,
     forward: ForwardFn = default_forward,
     seed: int = 0,
+    clip_grid: int = 0,
 ) -> dict[str, Any]:
     """Replace the Linear layers of ``model`` by :class:`UniformQuantLinear` (in place).
 
@@ -150,16 +213,17 @@ def quantize_uniform(
 
     Args:
         model: any ``nn.Module``.
-        method: ``"rtn"``, ``"gptq"`` (needs ``hessians`` or ``calibration`` batches) or
-            ``"hadamard_rtn"``.
+        method: ``"rtn"``, ``"gptq"`` (needs ``hessians`` or ``calibration`` batches),
+            ``"hadamard_rtn"`` or ``"hadamard_gptq"`` (QuaRot-style: rotate, then GPTQ).
         bits, group_size: the format.
         target: regex / names of the Linear layers (``None``: all), minus ``exclude``.
         hessians: per layer name ``X^T X`` (GPTQ).
         calibration: batches to compute ``hessians`` from (with ``forward``).
-        seed: the Hadamard signs' seed (per layer: ``seed + layer index``).
+        seed: the Hadamard signs' seed (per group of layers sharing an input: ``seed + group index``).
+        clip_grid: GPTQ's clipping search of each group's range (0: min-max; published: 100).
 
     Returns:
-        ``{"quantized_layers", "bits_per_weight", "relative_error"}``.
+        ``{"quantized_layers", "bits_per_weight", "bits_per_weight_with_shared", "relative_error"}``.
 
     .. code-block:: python
 
@@ -170,23 +234,34 @@ def quantize_uniform(
     layers = select_linears(model, target, tuple(exclude))
     if not layers:
         return {"quantized_layers": 0}
-    if method == "gptq" and hessians is None:
+    if method in HESSIAN_METHODS and hessians is None:
         if calibration is None:
-            raise ValueError("method='gptq' needs `hessians` or `calibration` batches.")
+            raise ValueError(f"method={method!r} needs `hessians` or `calibration` batches.")
         hessians = collect_hessians(model, layers, calibration, forward)
     err_num = err_den = 0.0
-    for i, (name, linear) in enumerate(layers.items()):
-        h = None if hessians is None else hessians.get(name)
-        layer = UniformQuantLinear.from_linear(linear, bits, group_size, method, h, seed + i)
-        w = linear.weight.detach().float()
-        err_num += float((layer.dequantize_unrotated() - w).pow(2).sum())
-        err_den += float(w.pow(2).sum())
-        replace_module(model, name, mark_replaced(layer, "uniform_quant"))
+    use_h = hessians if method in HESSIAN_METHODS else None
+    groups = shared_input_groups(list(layers), use_h)
+    prepared = [_in_method_basis(torch.cat([layers[n].weight for n in group]), None if use_h is None
+                                 else use_h[group[0]], method, seed + i) for i, group in enumerate(groups)]
+    all_codes = _quantize_groups([(w, h) for w, h, _ in prepared], bits, group_size, method, clip_grid)
+    for group, (_, _, signs), codes in zip(groups, prepared, all_codes):
+        start = 0
+        for name in group:
+            w = layers[name].weight.detach().float()
+            rows = slice(start, start + w.shape[0])
+            start += w.shape[0]
+            part = UniformCodes(codes.codes[rows], codes.minimum[rows], codes.step[rows], bits, group_size)
+            layer = UniformQuantLinear.from_codes(part, layers[name].bias, signs)
+            err_num += float((layer.dequantize_unrotated() - w).pow(2).sum())
+            err_den += float(w.pow(2).sum())
+            replace_module(model, name, mark_replaced(layer, "uniform_quant"))
     record_surgery(model, f"uniform_{method}", rebuild_uniform_layers,
-                   {"layers": list(layers), "bits": bits, "group_size": group_size, "rotate": method == "hadamard_rtn"})
+                   {"layers": list(layers), "bits": bits, "group_size": group_size,
+                    "rotate": method in ROTATED_METHODS})
     bits_total = model_bits(model)
     return {"quantized_layers": len(layers), "bits_per_weight": bits_total.bits_per_weight,
-            "bits_per_weight_with_shared": bits_total.bits_per_weight_with_shared, "relative_error": err_num / max(err_den, 1e-30)}
+            "bits_per_weight_with_shared": bits_total.bits_per_weight_with_shared,
+            "relative_error": err_num / max(err_den, 1e-30)}
 
 
 def rebuild_uniform_layers(model: nn.Module, layers: list[str], bits: int, group_size: int, rotate: bool) -> None:
@@ -206,12 +281,13 @@ class UniformQuantizer(PostTrainingQuantizer):
     """Callback: RTN / GPTQ / Hadamard+RTN weight-only quantization before test / predict.
 
     Args:
-        method: ``"rtn"``, ``"gptq"`` or ``"hadamard_rtn"``.
+        method: ``"rtn"``, ``"gptq"``, ``"hadamard_rtn"`` or ``"hadamard_gptq"``.
         bits, group_size: the format (``bits + 32 / group_size`` bits/weight).
         target, exclude: which Linear layers (see :func:`quantize_uniform`).
         calibration_batches: training batches for GPTQ's Hessians (0 = none; GPTQ needs > 0).
         after_fit: also quantize at the end of ``fit``.
         seed: Hadamard signs' seed.
+        clip_grid: GPTQ's clipping search (0: min-max ranges; published: 100).
 
     .. code-block:: python
 
@@ -223,15 +299,17 @@ class UniformQuantizer(PostTrainingQuantizer):
 
     def __init__(self, method: UniformMethod = "rtn", bits: int = 4, group_size: int = 128,
                  target: str | list[str] | None = None, exclude: list[str] | None = None,
-                 calibration_batches: int = 0, after_fit: bool = False, seed: int = 0) -> None:
+                 calibration_batches: int = 0, after_fit: bool = False, seed: int = 0, clip_grid: int = 0) -> None:
         if method not in METHODS:
             raise ValueError(f"`method`={method!r}, expected one of {METHODS}.")
-        if method == "gptq" and calibration_batches == 0:
-            raise ValueError("UniformQuantizer(method='gptq') needs calibration_batches > 0 for its Hessians.")
+        if method in HESSIAN_METHODS and calibration_batches == 0:
+            raise ValueError(f"UniformQuantizer(method={method!r}) needs calibration_batches > 0 for its Hessians.")
+        if clip_grid < 0:
+            raise ValueError(f"`clip_grid`={clip_grid}: expected >= 0.")
         super().__init__(after_fit=after_fit, calibration_batches=calibration_batches)
-        self.method, self.bits, self.group_size, self.seed = method, bits, group_size, seed
+        self.method, self.bits, self.group_size, self.seed, self.clip_grid = method, bits, group_size, seed, clip_grid
         self.target, self.exclude = target, tuple(exclude if exclude is not None else ("lm_head",))
 
     def quantize(self, module: nn.Module, batches: Iterable[Any] | None) -> dict[str, Any]:
         return quantize_uniform(module, self.method, self.bits, self.group_size, self.target, self.exclude,
-                                calibration=batches, seed=self.seed)
+                                calibration=batches, seed=self.seed, clip_grid=self.clip_grid)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -34,3 +35,77 @@ def test_tiny_policy_is_cached_by_config_and_seed(tmp_path, monkeypatch):
     assert any(not torch.equal(a, b) for a, b in zip(first.state_dict().values(), untrained.state_dict().values()))
     tiny_arithmetic_policy(seed=1, steps=3, config=SMALL)
     assert len(list((tmp_path / "stable_rank").glob("*.pt"))) == 2
+
+
+def test_degenerate_responses_are_runaways_or_loops():
+    from lit_lowrank.benchmarks.stable_rank import is_degenerate, repeated_ngram_fraction
+
+    assert repeated_ngram_fraction([1, 2, 3, 4, 5]) == 0.0
+    assert repeated_ngram_fraction([1, 2]) == 0.0
+    assert repeated_ngram_fraction([7, 8, 9] * 4) == pytest.approx(1 - 3 / 10)
+    eos = {0}
+    assert not is_degenerate([5, 6, 7, 0], eos, max_new_tokens=8)          # ended, no loop
+    assert is_degenerate([5, 6, 7, 8, 9, 10, 11, 12], eos, max_new_tokens=8)  # ran to the budget
+    assert is_degenerate([7, 8, 9] * 4 + [0], eos, max_new_tokens=20)       # ended, but a loop
+
+
+def test_generations_are_cached_by_model_prompts_and_settings(tmp_path, monkeypatch):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from lit_lowrank.benchmarks.stable_rank import cached_samples, model_fingerprint
+
+    monkeypatch.setenv("LIT_LOWRANK_CACHE", str(tmp_path))
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2, pad_token_id=0,
+                                         eos_token_id=1, bos_token_id=None)).eval()
+    kwargs = {"max_new_tokens": 5, "eos": {1}, "pad": 0, "do_sample": True, "temperature": 1.0, "seed": 3}
+    first = cached_samples(model, [[2, 3], [4]], 2, **kwargs)
+    assert len(first) == 4 and len(list((tmp_path / "stable_rank").glob("samples_*.json"))) == 1
+    assert cached_samples(model, [[2, 3], [4]], 2, **kwargs) == first          # read back, not resampled
+    cached_samples(model, [[2, 3], [4]], 2, **{**kwargs, "temperature": 0.5})
+    assert len(list((tmp_path / "stable_rank").glob("samples_*.json"))) == 2
+    before = model_fingerprint(model)
+    with torch.no_grad():
+        model.lm_head.weight.add_(1.0)
+    assert model_fingerprint(model) != before
+
+
+def test_rate_claim_reads_paired_outcomes():
+    from lit_lowrank.benchmarks.stable_rank import rate_claim, wins
+
+    assert wins(torch.tensor([2.0, 1.0, 3.0]), torch.tensor([1.0, 1.0, 4.0])) == [1.0, 0.0, 0.0]
+    hits = [1.0] * 90 + [0.0] * 10
+    c = rate_claim("x", "p", "q", hits, 0.5, "pair")
+    assert c["estimate"] == pytest.approx(0.9) and c["verdict"] == "holds" and c["n"] == 100
+    tie = rate_claim("x", "p", "q", hits, 0.0, "problem", baseline=hits)
+    assert tie["estimate"] == 0.0 and tie["verdict"] != "holds"
+
+
+def test_grouped_auc_orders_right_above_wrong_within_groups():
+    from lit_lowrank.benchmarks.stable_rank import grouped_auc
+
+    values = torch.tensor([[3.0, 1.0, 2.0], [1.0, 1.0, 5.0], [0.0, 9.0, 4.0]])
+    correct = torch.tensor([[1, 0, 0], [1, 0, 1], [0, 0, 0]])
+    # group 0: right (3) above both wrong -> 1; group 1: rights 1 and 5 vs wrong 1 -> (0.5 + 1) / 2; group 2 skipped
+    assert grouped_auc(values, correct) == pytest.approx((1.0 + 0.75) / 2)
+    assert np.isnan(grouped_auc(values[2:], correct[2:]))
+
+
+def test_gaming_claim_and_its_control_only_where_the_dose_can_show_gaming():
+    from lit_lowrank.benchmarks.stable_rank import _claims
+
+    rows = [{"section": "pairwise", "stable_rank": float(i % 3 > 0), "mean_log_prob": 0.0, "random": float(i % 2),
+             "length": 0.0, "shortness": 1.0} for i in range(30)]
+    rows += [{"section": "best_of_n", "stable_rank": 1.0, "greedy": 0.0, "random": 0.0, "length": 0.0}
+             for _ in range(10)]
+    rows += [{"section": "sr_grpo", "reward": r, "seed": 0, "problem": p, "correct_before": 0.0, "correct_after": 1.0,
+              "degenerate_before": 0.0, "degenerate_after": float(r == "length")}
+             for r in ("stable_rank", "length") for p in range(12)]
+    full_claims, full_controls = _claims(rows, [0])
+    quick_claims, quick_controls = _claims(rows, [0], gaming=False)
+    assert sum("game" in c["claim"] for c in full_claims) == 1 and sum("game" in c["claim"] for c in full_controls) == 1
+    assert not any("game" in c["claim"] for c in quick_claims + quick_controls)
+    gaming_control = next(c for c in full_controls if "game" in c["claim"])
+    assert gaming_control["verdict"] == "fails"  # every length-GRPO response degenerate: the control sees it
+    assert len(full_claims) - len(quick_claims) == 1 and len(full_controls) - len(quick_controls) == 1

@@ -32,6 +32,11 @@ def tiny_lm(seed: int = 0):
     return LlamaForCausalLM(config).eval()
 
 
+REFERENCE = ["The council met on Tuesday to discuss the new budget for local roads and schools.",
+             "Heavy rain caused flooding across the region, and several families were moved to safety.",
+             "The team won its third match in a row after a late goal in the second half."]
+
+
 @pytest.fixture(scope="module")
 def lm():
     return tiny_lm(), ByteTokenizer()
@@ -39,16 +44,20 @@ def lm():
 
 def test_scorer_matches_direct_stable_rank_of_the_response_rows(lm):
     model, tok = lm
-    scorer = ResponseScorer(model, tok, batch_size=2)
+    scorer = ResponseScorer(model, tok, batch_size=2, reference_texts=REFERENCE)
     prompts, completions = ["Q: hi?", "A much longer prompt here:"], ["fine, thanks", "ok"]
     got = scorer.signals(prompts, completions)
+    reference = scorer.length_reference()
     for i, (p, c) in enumerate(zip(prompts, completions)):
         ids = torch.tensor([tok.encode(p) + tok.encode(c)])
         with torch.no_grad():
             out = model(input_ids=ids, output_hidden_states=True)
         n_prompt = len(tok.encode(p))
         expected = stable_rank(out.hidden_states[-1][0, n_prompt:])
-        assert float(got["stable_rank"][i]) == pytest.approx(float(expected), rel=1e-4)
+        assert float(got["stable_rank_raw"][i]) == pytest.approx(float(expected), rel=1e-4)
+        # the default reward: raw / the reference text's mean stable rank at the same length
+        ref_at = float(reference(torch.tensor(len(c))))
+        assert float(got["stable_rank"][i]) == pytest.approx(float(expected) / ref_at, rel=1e-4)
         logp = torch.log_softmax(out.logits[0, n_prompt - 1:-1].float(), -1)
         expected_lp = logp.gather(-1, ids[0, n_prompt:, None]).mean()
         assert float(got["mean_log_prob"][i]) == pytest.approx(float(expected_lp), rel=1e-4)
@@ -57,13 +66,51 @@ def test_scorer_matches_direct_stable_rank_of_the_response_rows(lm):
         d = model.config.hidden_size
         assert float(got["stable_rank_max_rank"][i]) == pytest.approx(float(expected) / min(len(c), d), rel=1e-4)
     # pre-norm states differ from post-norm ones
-    pre = ResponseScorer(model, tok, final_norm=False).signals(prompts, completions, ("stable_rank",))
-    assert not torch.allclose(pre["stable_rank"], got["stable_rank"])
+    pre = ResponseScorer(model, tok, final_norm=False, normalize="none").signals(prompts, completions, ("stable_rank",))
+    assert not torch.allclose(pre["stable_rank"], got["stable_rank_raw"])
+
+
+def test_shared_prompt_groups_score_like_separate_sequences(lm):
+    """Completions sharing a prompt run with the prompt's KV cache repeated: same numbers as one by one."""
+    model, tok = lm
+    scorer = ResponseScorer(model, tok, batch_size=3, normalize="none")
+    prompts = ["Q: same?"] * 4 + ["other"]
+    completions = ["yes it is", "no", "", "maybe so, perhaps"] + ["alone"]
+    grouped = scorer.signals(prompts, completions)
+    for i, (p, c) in enumerate(zip(prompts, completions)):
+        single = scorer.signals([p], [c])
+        for name, value in single.items():
+            assert float(grouped[name][i]) == pytest.approx(float(value[0]), rel=1e-4, abs=1e-5), (name, i)
+    assert float(grouped["stable_rank"][2]) == 0.0 and float(grouped["length"][2]) == 0.0
+
+
+def test_padded_chunks_split_where_padding_costs_most():
+    from lit_lowrank.decoding.stable_rank import padded_chunks
+
+    lengths = {0: 30, 1: 31, 2: 29, 3: 80, 4: 30}
+    chunks = padded_chunks([0, 1, 2, 3, 4], lengths, prefix=10, max_size=8)
+    assert chunks == [[2, 0, 4, 1], [3]]                   # the long one alone: 10 + 4*31 + 10 + 80 < 10 + 5*80
+    assert sorted(i for c in padded_chunks(list(range(20)), {i: 5 for i in range(20)}, 50, 8) for i in c) == \
+        list(range(20))
+    assert all(len(c) <= 8 for c in padded_chunks(list(range(20)), {i: 5 for i in range(20)}, 50, 8))
+
+
+def test_length_reference_is_fitted_once_from_the_reference_texts(lm):
+    model, tok = lm
+    scorer = ResponseScorer(model, tok, reference_texts=REFERENCE, reference_tokens=24)
+    reference = scorer.length_reference()
+    assert scorer.length_reference() is reference
+    assert int(reference.lengths.max()) <= 24 and float(reference.values[0]) == pytest.approx(1.0)
+    assert bool((reference.counts >= 2).all())
+    given = ResponseScorer(model, tok, reference=reference)
+    assert given.length_reference() is reference
+    with pytest.raises(ValueError, match="normalize"):
+        ResponseScorer(model, tok, normalize="sqrt")
 
 
 def test_reward_has_trl_interface(lm):
     model, tok = lm
-    reward = StableRankReward(model, tok)
+    reward = StableRankReward(model, tok, reference_texts=REFERENCE)
     params = inspect.signature(reward.__call__).parameters
     assert list(params)[:2] == ["prompts", "completions"]
     assert any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
@@ -98,7 +145,7 @@ def test_pairwise_accuracy_and_evaluation(lm, tmp_path):
     assert pairwise_accuracy(torch.tensor([2.0, 1.0, 3.0, 1.0]), torch.tensor([1.0, 2.0, 3.0, 0.0])) == 0.5
     model, tok = lm
     pairs = [PreferencePair("p", "good answer", "bad", "s1"), PreferencePair("p", "good answer", "a far worse answer", "s2")]
-    table = evaluate_pairs(ResponseScorer(model, tok), pairs, ("stable_rank", "length"))
+    table = evaluate_pairs(ResponseScorer(model, tok, normalize="none"), pairs, ("stable_rank", "length"))
     assert table["length"] == {"all": 0.5, "s1": 1.0, "s2": 0.0}
     # real loader: RewardBench columns from a local jsonl; a missing column is named
     path = tmp_path / "rb.jsonl"

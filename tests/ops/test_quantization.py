@@ -14,6 +14,7 @@ from lit_lowrank.ops.quantization import (
     hadamard_rotate,
     pack_fields,
     random_signs,
+    rotate_hessian,
     relative_error,
     rtn_quantize,
     uniform_bits,
@@ -94,3 +95,69 @@ def test_hadamard_rotation_is_orthogonal():
     torch.testing.assert_close(hadamard_rotate(x, signs, block).norm(dim=1), x.norm(dim=1))
     with pytest.raises(ValueError, match="block"):
         hadamard_rotate(x, signs, 128)
+
+
+def test_clipping_search_never_loses_to_min_max_and_keeps_the_format():
+    gen = torch.Generator().manual_seed(2)
+    # heavy tails: a few large weights stretch min-max ranges, where clipping helps
+    w = torch.distributions.StudentT(3.0).sample((64, 256))
+    plain = rtn_quantize(w, 2, 64)
+    clipped = rtn_quantize(w, 2, 64, clip_grid=100)
+    assert clipped.storage() == plain.storage()
+    err_plain = (uniform_dequantize(plain) - w).abs().pow(2.4).view(64, 4, 64).sum(-1)
+    err_clip = (uniform_dequantize(clipped) - w).abs().pow(2.4).view(64, 4, 64).sum(-1)
+    assert bool((err_clip <= err_plain * (1 + 1e-4)).all())        # per group: min-max is a candidate
+    assert relative_error(w, uniform_dequantize(clipped)) < 0.9 * relative_error(w, uniform_dequantize(plain))
+    x = torch.randn(512, 256, generator=gen)
+    h = x.T @ x
+    g_plain, g_clip = gptq_quantize(w, h, 2, 64), gptq_quantize(w, h, 2, 64, clip_grid=100)
+
+    def herr(q):
+        e = uniform_dequantize(q) - w
+        return float(((e @ h) * e).sum())
+
+    assert herr(g_clip) < herr(g_plain)
+
+
+def test_rotated_hessian_is_the_gram_matrix_of_rotated_inputs():
+    x = torch.randn(300, 96)
+    signs = random_signs(96, seed=5)
+    block = hadamard_block_size(96)
+    x_rot = hadamard_rotate(x, signs, block)
+    torch.testing.assert_close(rotate_hessian(x.T @ x, signs, block), x_rot.T @ x_rot, atol=1e-3, rtol=1e-4)
+    with pytest.raises(ValueError, match="square"):
+        rotate_hessian(torch.randn(3, 4), signs, block)
+
+
+def test_batched_gptq_sweep_equals_one_problem_at_a_time():
+    from lit_lowrank.ops.quantization import gptq_sweep
+
+    gen = torch.Generator().manual_seed(4)
+    ws = [torch.randn(24, 96, generator=gen) for _ in range(3)]
+    hs = []
+    for _ in range(3):
+        x = torch.randn(200, 96, generator=gen)
+        h = x.T @ x
+        h[5, :] = h[:, 5] = 0.0                        # a dead input: zeroed, not a NaN
+        hs.append(h)
+    codes, lo, step = gptq_sweep(torch.stack(ws), torch.stack(hs), 3, 32, clip_grid=10)
+    for i, (w, h) in enumerate(zip(ws, hs)):
+        alone = gptq_quantize(w, h, 3, 32, clip_grid=10)
+        assert torch.equal(codes[i], alone.codes) and torch.equal(lo[i], alone.minimum)
+    assert bool(torch.isfinite(uniform_dequantize(alone)).all())
+    with pytest.raises(ValueError, match="B, in, in"):
+        gptq_sweep(torch.stack(ws), hs[0], 3, 32)
+
+
+def test_coarse_to_fine_clipping_search_reaches_the_exhaustive_error():
+    from lit_lowrank.ops.quantization import _group_params, _group_error, grouped
+
+    gen = torch.Generator().manual_seed(6)
+    for w in (torch.randn(128, 512, generator=gen), torch.distributions.StudentT(3.0).sample((128, 512))):
+        for bits in (2, 3):
+            groups = grouped(w, 128)
+            full = _group_error(groups, *_group_params(groups, bits, 100, coarse_stride=1), bits, 2.4)
+            fast = _group_error(groups, *_group_params(groups, bits, 100), bits, 2.4)
+            plain = _group_error(groups, *_group_params(groups, bits, 0), bits, 2.4)
+            assert bool((fast <= plain * (1 + 1e-5)).all())
+            assert float(fast.sum()) <= 1.002 * float(full.sum())

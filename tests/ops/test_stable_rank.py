@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from lit_lowrank.ops.stable_rank import masked_center, stable_rank
+from lit_lowrank.ops.stable_rank import (
+    LengthReference,
+    fit_length_reference,
+    masked_center,
+    prefix_stable_ranks,
+    stable_rank,
+)
 
 
 def _numpy_srank(h: np.ndarray, center: bool = False) -> float:
@@ -100,3 +106,44 @@ def test_bad_inputs_name_the_parameter():
         stable_rank(torch.randn(2, 5, 3), torch.ones(2, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match="normalize"):
         stable_rank(torch.randn(5, 3), normalize="length")
+    with pytest.raises(ValueError, match="reference"):
+        stable_rank(torch.randn(5, 3), normalize="reference")
+
+
+def test_prefix_stable_ranks_equal_slicing_and_nan_past_the_end():
+    h = torch.stack([_correlated(10, 6, seed=s) for s in range(3)])
+    mask = torch.arange(10) < torch.tensor([[10], [6], [3]])
+    mask[0, 4] = False                                    # a hole: prefixes count valid rows only
+    got = prefix_stable_ranks(h, mask, (1, 3, 5, 9))
+    for b in range(3):
+        rows = h[b][mask[b]]
+        for j, n in enumerate((1, 3, 5, 9)):
+            if rows.shape[0] >= n:
+                assert float(got[b, j]) == pytest.approx(_numpy_srank(rows[:n].numpy()), rel=1e-4)
+            else:
+                assert torch.isnan(got[b, j])
+
+
+def test_length_reference_fit_interpolation_and_normalisation():
+    h = torch.stack([_correlated(40, 16, seed=s) for s in range(4)])
+    mask = torch.arange(40) < torch.tensor([[40], [40], [20], [8]])
+    ref = fit_length_reference(h, mask, (1, 4, 16, 32))
+    ranks = prefix_stable_ranks(h, mask, (1, 4, 16, 32))
+    assert ref.lengths.tolist() == [1, 4, 16, 32] and ref.counts.tolist() == [4, 4, 3, 2]
+    torch.testing.assert_close(ref.values, torch.nanmean(ranks, 0))
+    # linear in log T between grid points, held flat outside
+    mid = float(ref(torch.tensor(8)))
+    assert mid == pytest.approx(float(ref.values[1] + ref.values[2]) / 2, rel=1e-5)
+    assert float(ref(torch.tensor(1000))) == pytest.approx(float(ref.values[-1]))
+    assert float(ref(torch.tensor(0))) == pytest.approx(float(ref.values[0]))
+    # "reference" divides the raw stable rank by the curve at the response's own length
+    raw = stable_rank(h, mask)
+    normed = stable_rank(h, mask, normalize="reference", reference=ref)
+    torch.testing.assert_close(normed, raw / ref(mask.sum(-1)))
+    # lengths too few sequences reach are dropped; none reached is an error naming the fix
+    assert fit_length_reference(h, mask, (1, 40), min_sequences=3).lengths.tolist() == [1]
+    with pytest.raises(ValueError, match="longer reference texts"):
+        fit_length_reference(h[3:], mask[3:], (16, 32), min_sequences=1)
+    assert LengthReference.from_dict(ref.to_dict()).values.tolist() == ref.values.tolist()
+    with pytest.raises(ValueError, match="ascending"):
+        LengthReference(torch.tensor([4, 2]), torch.tensor([1.0, 2.0]), torch.tensor([1, 1]))

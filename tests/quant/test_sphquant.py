@@ -93,17 +93,17 @@ def test_sph_beats_rtn_on_heavy_tailed_weights_at_fewer_bits():
     assert r_sph["relative_error"] < r_rtn["relative_error"]
 
 
-@pytest.mark.parametrize("method", ["rtn", "gptq", "hadamard_rtn"])
+@pytest.mark.parametrize("method", ["rtn", "gptq", "hadamard_rtn", "hadamard_gptq"])
 def test_uniform_baselines_match_their_dequantized_weight(method):
     model = _mlp()
     dense = copy.deepcopy(model)
     batches = [torch.randn(32, 64) for _ in range(2)]
-    report = quantize_uniform(model, method, bits=3, group_size=32, calibration=batches)
+    report = quantize_uniform(model, method, bits=3, group_size=32, calibration=batches, clip_grid=20)
     shapes = [(96, 64), (48, 96), (10, 48)]  # 48 inputs = one full and one ragged group of 32
     expected = sum(o * (3 * i + 32 * math.ceil(i / 32)) for o, i in shapes) / sum(o * i for o, i in shapes)
     assert report["quantized_layers"] == 3 and report["bits_per_weight"] == pytest.approx(expected)
     layer = model[0]
-    assert isinstance(layer, UniformQuantLinear) and layer.rotate == (method == "hadamard_rtn")
+    assert isinstance(layer, UniformQuantLinear) and layer.rotate == method.startswith("hadamard")
     x = torch.randn(6, 64)
     torch.testing.assert_close(layer(x), x @ layer.dequantize_unrotated().T + layer.bias, atol=1e-4, rtol=1e-4)
     assert report["relative_error"] < 0.1
@@ -125,6 +125,27 @@ def test_errors_name_the_parameter():
         quantize_sph(bad, codebook_size=4)
     with pytest.raises(ValueError, match="calibration_batches"):
         UniformQuantizer(method="gptq")
+    with pytest.raises(ValueError, match="calibration_batches"):
+        UniformQuantizer(method="hadamard_gptq")
+
+
+def test_layers_reading_one_input_share_one_gptq_sweep():
+    """q/k/v-like siblings (equal Hessians) are quantized on their stacked rows: the same weights as one by one."""
+    from lit_lowrank.ops.quantization import uniform_dequantize
+    from lit_lowrank.quant.uniform import quantize_weight, shared_input_groups
+
+    torch.manual_seed(0)
+    siblings = nn.ModuleDict({"q": nn.Linear(64, 32), "k": nn.Linear(64, 16), "o": nn.Linear(64, 64)})
+    weights = {n: m.weight.detach().clone() for n, m in siblings.items()}
+    x = torch.randn(256, 64)
+    h_in, h_other = x.T @ x / 256, (2 * x).T @ (2 * x) / 256
+    hessians = {"q": h_in, "k": h_in.clone(), "o": h_other}
+    assert shared_input_groups(["q", "k", "o"], hessians) == [["q", "k"], ["o"]]
+    assert shared_input_groups(["q", "k"], None) == [["q"], ["k"]]
+    quantize_uniform(siblings, "gptq", bits=3, group_size=32, hessians=hessians, clip_grid=10)
+    for name, h in (("q", h_in), ("k", h_in), ("o", h_other)):
+        alone, _ = quantize_weight(weights[name], 3, 32, "gptq", h, clip_grid=10)
+        torch.testing.assert_close(siblings[name].dequantize(), uniform_dequantize(alone))
 
 
 class _Regressor(pl.LightningModule):
