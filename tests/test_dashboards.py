@@ -99,9 +99,6 @@ def _fit(config: str, tmp_path: Path, repo_root: Path) -> None:
         "--trainer.logger", "lightning.pytorch.loggers.WandbLogger",
         "--trainer.logger.init_args.project", "lit_lowrank_test",
         "--trainer.logger.init_args.save_dir", str(tmp_path),
-        # Lightning refuses to log hparams when module and datamodule share a key with different values
-        # (tomography: quadrature_limit, few-shot: template); a bug of those configs with any logger, not of images
-        "--trainer.enable_autolog_hparams", "false",
     ])
 
 

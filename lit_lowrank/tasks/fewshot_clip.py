@@ -132,8 +132,11 @@ class FewShotCLIPModule(TaskModule):
         lr_scheduler_interval: str = "epoch",
     ) -> None:
         super().__init__(optimizer, lr_scheduler, lr_scheduler_interval)
-        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler", "encoder"] if not isinstance(encoder, str)
-                                  else ["optimizer", "lr_scheduler"])
+        ignore = ["optimizer", "lr_scheduler"] + ([] if isinstance(encoder, str) else ["encoder"])
+        # an unset template is the datamodule's: logging it as None beside the datamodule's string would make
+        # Lightning refuse to merge the two hyperparameter sets as soon as a logger is attached
+        ignore += ["template"] if template is None else []
+        self.save_hyperparameters(ignore=ignore)
         if template is not None and "{}" not in template:
             raise ValueError(f"`template`={template!r}: expected a '{{}}' placeholder for the class name.")
         if class_names is not None and len(class_names) < 2:
