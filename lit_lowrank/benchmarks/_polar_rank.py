@@ -100,28 +100,29 @@ def _delta_stable_ranks(model: nn.Module, method: str) -> list[float]:
                 if isinstance(m, LoraLayer)]
 
 
-_PRETRAINED: dict[int, dict[str, torch.Tensor]] = {}
+_PRETRAINED: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
 
 
 def _pretrained(seed: int, data: dict[str, torch.Tensor], steps: int = 400) -> nn.Sequential:
-    if seed not in _PRETRAINED:  # one pre-trained network per seed, shared by every method (paired)
+    if (seed, steps) not in _PRETRAINED:  # one pre-trained network per seed, shared by every method (paired)
         torch.manual_seed(seed)
         net = _net()
         _train(net, data["x"], data["y"], steps, 3e-3, seed)
-        _PRETRAINED[seed] = {k: v.clone() for k, v in net.state_dict().items()}
+        _PRETRAINED[seed, steps] = {k: v.clone() for k, v in net.state_dict().items()}
     net = _net()
-    net.load_state_dict(_PRETRAINED[seed])
+    net.load_state_dict(_PRETRAINED[seed, steps])
     return net
 
 
-def finetune_once(method: str, seed: int, steps: int, lr: float, rank: int = 8, early: int = 300) -> dict[str, Any]:
+def finetune_once(method: str, seed: int, steps: int, lr: float = 1e-2, rank: int = 8, early: int = 300,
+                  pretrain_steps: int = 400) -> dict[str, Any]:
     """Inject ``method`` into the seed's pre-trained MLP, fine-tune on transposed digits; one row."""
     from lit_lowrank.adapters.injector import inject_adapters
 
     if method not in METHODS:
         raise ValueError(f"`method`={method!r}: expected one of {METHODS}.")
     data = _digits()
-    model = _pretrained(seed, data)
+    model = _pretrained(seed, data, pretrain_steps)
     kind = "polar" if method.startswith("polar") else "lora"
     r = 1 if method == "lora_rank1" else rank
     torch.manual_seed(seed)
