@@ -20,6 +20,8 @@ split by NLL (never on test):
 - ``polar_vbll``: PoLAR adapters + VBLL head (:func:`~lit_lowrank.adapters.polar_vbll.apply_polar_vbll`),
   negative ELBO, alternating 10-step phases (adapters / posterior), landing, MC predictive on the head (one
   backbone forward); ``prior_scale ∈ {1, 10, 100}`` (validation).
+- ``lora_vbll`` (ablation, no claim): the same VBLL head and schedule on LoRA adapters — it separates what the
+  VBLL head does from what the PoLAR adapters do.
 
 Rows per (method, seed): accuracy, ECE (15 bins, torchmetrics), NLL, Brier, OOD AUROC (score ``1 − max p``),
 backbone forwards per prediction and the chosen knob. Claims (paired over seeds, 95% t-intervals): PoLAR-VBLL has
@@ -48,7 +50,7 @@ from lit_lowrank.ops.calibration import OODAUROC, calibration_metrics, fit_tempe
 from lit_lowrank.ops.laplace_ll import fit_last_layer_laplace
 
 TARGET = r"backbone\.layers\.(0|2)$"
-METHODS = ("lora_mle", "polar_mle", "temp_scaled", "lora_laplace", "mc_dropout", "ensemble", "polar_vbll")
+METHODS = ("lora_mle", "polar_mle", "temp_scaled", "lora_laplace", "mc_dropout", "ensemble", "polar_vbll", "lora_vbll")
 HIDDEN, RANK, ALPHA, LR, CLASSES = 128, 4, 4.0, 3e-3, 5
 PRIOR_SCALES: tuple[float, ...] = (1.0, 10.0, 100.0)
 DROPOUTS: tuple[float, ...] = (0.05, 0.1, 0.2)
@@ -139,9 +141,10 @@ def _mle(backbone, data, seed, steps, method="lora", dropout=0.0) -> nn.Module:
     return _fit(net, data, steps, _ce, landing=method == "polar")
 
 
-def _polar_vbll(backbone, data, seed, steps, prior_scale: float, phase_steps: int = 10) -> nn.Module:
+def _polar_vbll(backbone, data, seed, steps, prior_scale: float, phase_steps: int = 10,
+                adapter: str = "polar") -> nn.Module:
     net = _fresh(backbone, seed)
-    apply_polar_vbll(net, num_train=len(data["y"]), target_modules=TARGET, rank=RANK, alpha=ALPHA,
+    apply_polar_vbll(net, num_train=len(data["y"]), adapter=adapter, target_modules=TARGET, rank=RANK, alpha=ALPHA,
                      head_kwargs={"predictive": "mc", "num_samples": 64, "parameterization": "diagonal",
                                   "prior_scale": prior_scale})
     schedule = AlternatingSchedule([{"train": ["adapter"], "steps": phase_steps},
@@ -151,7 +154,7 @@ def _polar_vbll(backbone, data, seed, steps, prior_scale: float, phase_steps: in
     def elbo(net_, x, y):
         return head.elbo_loss(net_.backbone(x), y)
 
-    return _fit(net, data, steps, elbo, landing=True, schedule=schedule)
+    return _fit(net, data, steps, elbo, landing=adapter == "polar", schedule=schedule)
 
 
 def _scores(probs: Tensor, y: Tensor, ood_probs: Tensor) -> dict[str, float]:
@@ -212,6 +215,10 @@ def _seed_rows(backbone: dict[str, Tensor], data: dict[str, Tensor], seed: int, 
     vblls = {s: _polar_vbll(backbone, data, seed, steps, s) for s in PRIOR_SCALES}
     s, vbll = _best_on_validation({s: (lambda x, n=n: _softmax(n, x)) for s, n in vblls.items()}, data)
     predictors["polar_vbll"] = (vbll, 1, s)
+    # ablation: the same VBLL head and schedule on LoRA adapters separates the head's effect from PoLAR's
+    lora_vblls = {s: _polar_vbll(backbone, data, seed, steps, s, adapter="lora") for s in PRIOR_SCALES}
+    s, lora_vbll = _best_on_validation({s: (lambda x, n=n: _softmax(n, x)) for s, n in lora_vblls.items()}, data)
+    predictors["lora_vbll"] = (lora_vbll, 1, s)
     twin = _mle(backbone, data, seed + 5000, steps)
     predictors["lora_mle_twin"] = (lambda x: _softmax(twin, x), 1, None)
     predictors["uniform"] = (lambda x: torch.full((len(x), CLASSES), 1.0 / CLASSES), 0, None)
@@ -287,8 +294,8 @@ def _run(quick: bool, seed: int) -> BenchmarkResult:
             line[f"{key}_std"] = statistics.stdev(r[key] for r in mine) if len(mine) > 1 else 0.0
         line["forwards"] = mine[0]["forwards"]
         knobs = [r["knob"] for r in mine if r["knob"] is not None]
-        line["knob"] = ({"temp_scaled": "T", "lora_laplace": "prior precision", "mc_dropout": "p",
-                         "polar_vbll": "prior_scale"}[method] + " " + ", ".join(f"{k:.3g}" for k in knobs)) if knobs else ""
+        name = {"temp_scaled": "T", "lora_laplace": "prior precision", "mc_dropout": "p"}.get(method, "prior_scale")
+        line["knob"] = f"{name} " + ", ".join(f"{k:.3g}" for k in knobs) if knobs else ""
         summary.append(line)
     notes = {"labels_per_class": labels_per_class, "validation_per_class": labels_per_class, "steps": steps,
              "mc_dropout_samples": mc_samples, "ensemble_members": members, "id": "digits 0-4 (few labels)",

@@ -43,3 +43,23 @@ def test_lokr_parameter_count_is_pefts_and_the_match_stays_within_loras_budget()
     kw = lokr_matched_kwargs(shapes, 8)
     used = sum(lokr_parameters(o, i, kw["rank"], kw["decompose_factor"]) for o, i in shapes)
     assert 0.9 * 8 * sum(o + i for o, i in shapes) <= used <= 8 * sum(o + i for o, i in shapes)
+
+
+def test_finetune_runner_on_the_cached_minilm_top_layer_is_paired_by_seed():
+    """Two steps of the real runner: the same seed gives the same row; diagnostics are present for adapters."""
+    import torch
+
+    from lit_lowrank.benchmarks._adapter_finetune import FinetuneConfig, MiniLMTop, finetune_run, tweet_splits
+
+    torch.set_num_threads(1)
+    splits = tweet_splits("minilm", 8, (24, 12, 12))
+    trunk = MiniLMTop.from_pretrained(adapt_layers=1)
+    data = trunk.prepare(splits)
+    assert data["train"]["states"].shape == (24, 8, 384)
+    config = FinetuneConfig(steps=2, batch_size=4, measure_every=1)
+    first = finetune_run(trunk, "sds_lora", 1e-2, 0, data, config)
+    again = finetune_run(trunk, "sds_lora", 1e-2, 0, data, config)
+    assert first["test_loss"] == again["test_loss"] and first["grad_erank"] == again["grad_erank"]
+    assert 0 < first["grad_erank"] and -1 <= first["induced_cosine"] <= 1 and first["delta_stable_rank"] >= 1
+    full = finetune_run(trunk, "full", 1e-4, 0, data, config)
+    assert full["trainable"] > first["trainable"] and "grad_erank" not in full
