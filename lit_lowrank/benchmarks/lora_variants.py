@@ -16,7 +16,8 @@ same learning-rate grid selected on held-out data, claims computed over paired s
    the learned ``ΔW`` after 300 steps and at the end, paired seeds.
 4. ``finetune`` (real model, real data; :mod:`~lit_lowrank.benchmarks._adapter_finetune`): the pretrained
    all-MiniLM-L6-v2 on the embedded tweets (3 classes). Quick: all 6 layers run, the bottom 5 frozen and cached,
-   adapters on every Linear of layer 6 (q, k, v, attention out, FFN in/out), 16-token tweets, 30 steps of 16;
+   adapters on every Linear of layer 6 (q, k, v, attention out, FFN in/out), 16-token tweets, 20 steps of 16,
+   LoRA / ScaledGD / SDS-LoRA / SaMA / PoLAR on a 2-point lr grid;
    full: adapters on every Linear of all 6 layers, 64 tokens, 300 steps of 32, plus SmolLM2-135M (all 7
    projections of all 30 layers). Every method's body lr from one grid, chosen on the validation split; the test
    split decides the claims. Controls: LoRA with another seed (a null: must not "beat" LoRA) and LoRA trained on
@@ -73,11 +74,17 @@ POLAR_PAPER = ("PoLAR (arXiv 2506.03133, in the PoLAR-VBLL abstract): \"existing
                "limited expressiveness due to rank collapse\"; PoLAR's ΔW keeps a higher stable rank than LoRA's")
 CONTROL = "(control: must not hold)"
 
-FT_METHODS_QUICK: tuple[str, ...] = ("full", "lora", "pissa", "scaled_gd", "lokr", "mora", "sds_lora", "sama", "polar")
+#: quick: only the methods a MiniLM claim reads with its nearest baselines (LoRA, ScaledGD); PiSSA, MoRA, LoKr, DoRA
+#: and full fine-tuning run in full mode (measured: 9–32 CPU-s per quick run at load 10 → 51 runs ≫ 300 CPU-s)
+FT_METHODS_QUICK: tuple[str, ...] = ("lora", "scaled_gd", "sds_lora", "sama", "polar")
+#: SmolLM2 (full mode only) keeps the wider set at one tuning seed
+FT_METHODS_LM: tuple[str, ...] = ("full", "lora", "pissa", "scaled_gd", "lokr", "mora", "sds_lora", "sama", "polar")
 FT_METHODS_FULL: tuple[str, ...] = ("full", "lora", "dora", "pissa", "scaled_gd", "lokr", "mora", "sds_lora", "sama",
                                     "polar")
 ADAPTER_LRS: tuple[float, ...] = (1e-3, 3e-3, 1e-2)
 FULL_LRS: tuple[float, ...] = (1e-5, 3e-5, 1e-4)   # the same 3-point grid on full fine-tuning's own scale
+ADAPTER_LRS_QUICK: tuple[float, ...] = (3e-3, 1e-2)  # quick: the 2 upper points, the same grid for every method
+FULL_LRS_QUICK: tuple[float, ...] = (3e-5, 1e-4)
 
 
 @contextlib.contextmanager
@@ -159,7 +166,8 @@ def _fit_rows(methods: Sequence[str], seeds: Sequence[int], tuning_seed: int, st
 
 def _finetune_section(model: str, methods: Sequence[str], seeds: Sequence[int], tune_all_seeds: bool,
                       config: FinetuneConfig, max_length: int, sizes: tuple[int, int, int],
-                      adapt_layers: int | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                      adapt_layers: int | None, adapter_lrs: Sequence[float] = ADAPTER_LRS,
+                      full_lrs: Sequence[float] = FULL_LRS) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Rows of every (method, grid lr, seed) run plus the controls at LoRA's selected lr."""
     if model == "minilm":
         splits = tweet_splits("minilm", max_length, sizes)
@@ -175,7 +183,7 @@ def _finetune_section(model: str, methods: Sequence[str], seeds: Sequence[int], 
     rows: list[dict[str, Any]] = []
     selected: dict[str, float] = {}
     for method in methods:
-        grid = FULL_LRS if method == "full" else ADAPTER_LRS
+        grid = full_lrs if method == "full" else adapter_lrs
         for lr in grid:
             for s in tuning:
                 rows.append(finetune_run(trunk, method, lr, s, data, config, lokr))
@@ -196,7 +204,8 @@ def _finetune_section(model: str, methods: Sequence[str], seeds: Sequence[int], 
         row["selected"] = row["lr"] == selected.get(row["method"], lr)
     notes = {f"{model}_selected_lr": selected, f"{model}_lokr": lokr, f"{model}_tuning_seeds": tuning,
              f"{model}_steps": config.steps, f"{model}_batch": config.batch_size, f"{model}_max_length": max_length,
-             f"{model}_split_sizes": sizes, f"{model}_adapt_layers": adapt_layers or "all"}
+             f"{model}_split_sizes": sizes, f"{model}_adapt_layers": adapt_layers or "all",
+             f"{model}_lr_grid": {"adapters": list(adapter_lrs), "full": list(full_lrs)}}
     return rows, notes
 
 
@@ -349,16 +358,19 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
         notes.update(polar_notes)
     with _threads(2):
         if quick:
-            config = FinetuneConfig(steps=30, batch_size=16, measure_every=10)
+            # quick budget (measured per run, see FT_METHODS_QUICK): 5 methods × 2 lrs on seed 0, 2 more seeds at
+            # the selected lr, 6 control runs = 26 runs of 20 steps, diagnostics at steps 10 and 20
+            config = FinetuneConfig(steps=20, batch_size=16, measure_every=10)
             ft, ft_notes = _finetune_section("minilm", FT_METHODS_QUICK, seeds, tune_all_seeds=False, config=config,
-                                             max_length=16, sizes=(480, 128, 256), adapt_layers=1)
+                                             max_length=16, sizes=(480, 128, 256), adapt_layers=1,
+                                             adapter_lrs=ADAPTER_LRS_QUICK, full_lrs=FULL_LRS_QUICK)
             sections = [("finetune_minilm", "MiniLM")]
         else:
             config = FinetuneConfig(steps=300, batch_size=32, measure_every=25)
             ft, ft_notes = _finetune_section("minilm", FT_METHODS_FULL, seeds, tune_all_seeds=True, config=config,
                                              max_length=64, sizes=(9600, 1000, 2000), adapt_layers=None)
             lm_config = FinetuneConfig(steps=200, batch_size=16, measure_every=25, target=SMOLLM2_LINEARS)
-            lm, lm_notes = _finetune_section("smollm2", FT_METHODS_QUICK, seeds[:3], tune_all_seeds=False,
+            lm, lm_notes = _finetune_section("smollm2", FT_METHODS_LM, seeds[:3], tune_all_seeds=False,
                                              config=lm_config, max_length=64, sizes=(3200, 500, 1000),
                                              adapt_layers=None)
             ft += lm
