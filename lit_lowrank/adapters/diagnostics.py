@@ -4,7 +4,11 @@ Every ``every_n_steps`` optimizer steps, for each adapted ``nn.Linear`` (any PEF
 ``get_delta_weight``: LoRA, DoRA, LoKr, SDS-LoRA, SaMA, PoLAR, ...):
 
 - ``delta_erank``: effective rank (Roy & Vetterli) of ``ΔW``, mean over layers; ``delta_stable_rank`` likewise.
-- ``grad_erank``: effective rank of each 2-D adapter-parameter gradient, mean over tensors.
+- ``grad_erank``: effective rank of each adapter-factor gradient, mean over tensors (2-D as matrices; SaMA's
+  3-D stacked blocks as the block-diagonal matrix they form).
+- ``induced_cosine``: cosine between the first-order change of ``ΔW`` along the factor gradients (``J·g``, the
+  direction plain SGD would move ΔW; :func:`induced_updates`) and the full fine-tuning gradient ``G`` — the
+  alignment the SDS-LoRA abstract measures, before any optimizer transform; mean over layers.
 - ``update_cosine``: cosine between the update the step actually made to ``ΔW`` (after − before the optimizer
   step, so the optimizer's own transform is included) and ``−G``, the full fine-tuning gradient ``∂L/∂W`` of the
   frozen base weight (``G = Σ gᵀx`` from hooks on the base layer: never a second backward). ``update_cosine`` is
@@ -53,19 +57,99 @@ def delta_weights(model: nn.Module, adapter_name: str = "default") -> dict[str, 
                 for n, m in adapted_linears(model, adapter_name)}
 
 
+def _gradient_erank(grad: Tensor) -> float:
+    """Effective rank of one factor gradient: a matrix as is; a stack ``(k, a, b)`` (SaMA's ``B``) as the block
+    diagonal ``blockdiag(G_1..G_k)`` it contributes — the singular values of all blocks pooled."""
+    g = grad.detach().float()
+    if g.ndim == 2:
+        return float(effective_rank_of(g))
+    s = torch.linalg.svdvals(g).flatten()
+    total = s.sum()
+    if total <= 1e-12:
+        return 0.0
+    p = s / total
+    return float(torch.exp(-(p * torch.log(p.clamp_min(1e-12))).sum()))
+
+
+def _adapter_params(layer: nn.Module, adapter_name: str) -> list[tuple[str, nn.Parameter]]:
+    """``(name relative to the layer, parameter)`` of ``adapter_name``'s trainable factors."""
+    out = []
+    for attr in layer.adapter_layer_names:
+        container = getattr(layer, attr, None)
+        if not isinstance(container, (nn.ModuleDict, nn.ParameterDict)) or adapter_name not in container:
+            continue
+        item = container[adapter_name]
+        if isinstance(item, nn.Module):
+            out += [(f"{attr}.{adapter_name}.{n}", p) for n, p in item.named_parameters() if p.requires_grad]
+        elif item.requires_grad:
+            out.append((f"{attr}.{adapter_name}", item))
+    return out
+
+
 def adapter_gradient_eranks(model: nn.Module, adapter_name: str = "default") -> list[float]:
-    """Effective rank of every 2-D adapter-parameter gradient (both sides > 1) of ``model``."""
+    """Effective rank of every adapter-factor gradient of ``model`` with at least two non-trivial axes.
+
+    2-D gradients (LoRA's ``A``, ``B``, PoLAR's ``X``, ``Θ``, ``Y``, MoRA's ``M``, SaMA's ``A``) as matrices; 3-D ones
+    (SaMA's stacked blocks ``B: (m1, m2, q)``) as the block-diagonal matrix they form in ``ΔW``."""
     ranks = []
     for _, layer in adapted_linears(model, adapter_name):
-        for attr in layer.adapter_layer_names:
-            container = getattr(layer, attr, None)
-            if not isinstance(container, (nn.ModuleDict, nn.ParameterDict)) or adapter_name not in container:
-                continue
-            item = container[adapter_name]
-            for p in item.parameters() if isinstance(item, nn.Module) else [item]:
-                if p.grad is not None and p.grad.ndim == 2 and min(p.grad.shape) > 1:
-                    ranks.append(float(effective_rank_of(p.grad.detach())))
+        for _, p in _adapter_params(layer, adapter_name):
+            g = p.grad
+            if g is not None and g.ndim in (2, 3) and min(g.shape[-2:]) > 1:
+                ranks.append(_gradient_erank(g))
     return ranks
+
+
+class _DeltaOf(nn.Module):
+    """``forward() = layer.get_delta_weight(adapter)``, so ``torch.func`` can differentiate ΔW in the factors."""
+
+    def __init__(self, layer: nn.Module, adapter: str) -> None:
+        super().__init__()
+        self.layer, self.adapter = layer, adapter
+
+    def forward(self) -> Tensor:
+        return self.layer.get_delta_weight(self.adapter)
+
+
+def induced_updates(model: nn.Module, adapter_name: str = "default") -> dict[str, Tensor]:
+    """The first-order change of every adapted layer's ΔW along its factors' current gradients, ``J·g``.
+
+    ``J`` is the Jacobian of ``get_delta_weight`` in the adapter factors (forward-mode AD, any variant) and ``g``
+    the gradients in ``.grad`` — for SDS-LoRA its own (SDS) gradients. A plain-SGD step moves ΔW by ``−lr·J·g``:
+    the "low-rank approximation of the full fine-tuning gradient" of the SDS-LoRA abstract, free of any
+    optimizer's per-coordinate scaling. Layers without gradients are skipped.
+
+    .. code-block:: python
+
+        loss.backward(); moves = induced_updates(model)      # {layer: (out, in)}
+    """
+    from torch.func import functional_call, jvp
+
+    out: dict[str, Tensor] = {}
+    for name, layer in adapted_linears(model, adapter_name):
+        params = [(n, p) for n, p in _adapter_params(layer, adapter_name) if p.grad is not None]
+        if not params:
+            continue
+        wrapper = _DeltaOf(layer, adapter_name)
+        names = [f"layer.{n}" for n, _ in params]
+
+        def delta(*values: Tensor, _names=names, _wrapper=wrapper) -> Tensor:
+            return functional_call(_wrapper, dict(zip(_names, values)), ())
+
+        primals = tuple(p.detach() for _, p in params)
+        tangents = tuple(p.grad.detach().to(p.dtype) for _, p in params)
+        out[name] = jvp(delta, primals, tangents)[1].detach().float()
+    return out
+
+
+def induced_cosine(model: nn.Module, full_grads: dict[str, Tensor], adapter_name: str = "default") -> Any:
+    """Cosine between ``J·g`` (:func:`induced_updates`) and the full fine-tuning gradient ``G`` per layer
+    (``GradientCosine``: per tensor, mean, global) — the SDS-LoRA abstract's gradient alignment."""
+    moves = induced_updates(model, adapter_name)
+    names = [n for n in moves if n in full_grads]
+    if not names:
+        raise ValueError("induced_cosine: no adapted layer has both a factor gradient and a captured full gradient.")
+    return gradient_cosine({n: moves[n] for n in names}, {n: full_grads[n] for n in names}, names)
 
 
 class FullGradientCapture:
@@ -173,6 +257,9 @@ class AdapterDiagnostics(pl.Callback):
         granks = adapter_gradient_eranks(pl_module, self.adapter_name)
         if granks:
             self._pending["grad_erank"] = sum(granks) / len(granks)
+        if self._capture is not None and self._capture.grads:
+            cos = induced_cosine(pl_module, self._capture.grads, self.adapter_name)
+            self._pending["induced_cosine"] = cos.mean
         self._before = delta_weights(pl_module, self.adapter_name)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,

@@ -32,6 +32,7 @@ _KNOWN_MODULES: dict[str, str] = {
     "sds_lora": "lit_lowrank.adapters.sds_lora",
     "sama": "lit_lowrank.adapters.sama",
     "polar": "lit_lowrank.adapters.polar",
+    "mora": "lit_lowrank.adapters.mora",
 }
 
 _VARIANTS: dict[str, type[nn.Module]] = {}

@@ -139,3 +139,28 @@ def calibration_metrics(num_classes: int) -> torchmetrics.MetricCollection:
         "nll": MulticlassNLL(),
         "brier": MulticlassBrierScore(),
     })
+
+
+def fit_temperature(logits: Tensor, target: Tensor, max_iter: int = 100) -> float:
+    """Temperature scaling (Guo et al. 2017): the ``T > 0`` minimising the NLL of ``softmax(logits / T)``.
+
+    Fit on a held-out (validation) split; ``T`` is optimised in log space by L-BFGS, so it stays positive.
+
+    .. code-block:: python
+
+        t = fit_temperature(val_logits, val_y)
+        probs = (test_logits / t).softmax(-1)
+    """
+    _check_probs(logits, target, "fit_temperature")
+    logits, target = logits.detach().double(), target.long()
+    log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([log_t], lr=0.5, max_iter=max_iter, line_search_fn="strong_wolfe")
+
+    def closure() -> Tensor:
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(logits / log_t.exp(), target)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return float(log_t.detach().exp())

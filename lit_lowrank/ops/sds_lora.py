@@ -44,6 +44,7 @@ __all__ = [
     "SDSLoRAFunction",
     "lora_factor_grads",
     "orthonormal_basis",
+    "preconditioned_factor_grads",
     "sds_factor_grads",
     "sds_lora_delta",
     "sign_canonical_qr",
@@ -172,3 +173,33 @@ def lora_factor_grads(full_grad: Tensor, lora_a: Tensor, lora_b: Tensor, scaling
         grad_a, grad_b = lora_factor_grads(G, A, B)
     """
     return scaling * lora_b.t() @ full_grad, scaling * full_grad @ lora_a.t()
+
+
+def _gram_power(gram: Tensor, power: float, delta: float) -> Tensor:
+    """``(gram + δI)^{-power}`` of a symmetric PSD ``r×r`` matrix (eigendecomposition; ``power = 1`` by a solve)."""
+    eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
+    if power == 1.0:
+        return torch.linalg.inv(gram + delta * eye)
+    evals, evecs = torch.linalg.eigh(gram + delta * eye)
+    return (evecs * evals.clamp_min(torch.finfo(gram.dtype).tiny).pow(-power)) @ evecs.transpose(-1, -2)
+
+
+def preconditioned_factor_grads(full_grad: Tensor, lora_a: Tensor, lora_b: Tensor, scaling: float = 1.0,
+                                power: float = 1.0, delta: float = 0.0) -> tuple[Tensor, Tensor]:
+    """LoRA's factor gradients preconditioned by the factors' Gram matrices: ``(∂A, ∂B)`` =
+    ``((BᵀB + δI)^{-p} s·Bᵀ G,  s·G Aᵀ (AAᵀ + δI)^{-p})``.
+
+    ``power = 1`` is ScaledGD / Riemannian-preconditioned LoRA (Tong, Ma & Chi 2021; Zhang & Pilanci 2024), the
+    known κ-independent preconditioner. ``power = ½`` **is** SDS-LoRA with the polar basis: for ``Aᵀ = U S Vᵀ`` the
+    polar factor is ``U Vᵀ = Aᵀ(AAᵀ)^{-1/2}``, so ``G·Q_A = G Aᵀ (AAᵀ)^{-1/2}`` (and likewise for ``B``; tested in
+    ``tests/adapters/test_sds_lora.py``). SDS with the QR basis is ``G Aᵀ R_A^{-1}``, ScaledGD ``G Aᵀ R_A^{-1}R_A^{-T}``.
+
+    .. code-block:: python
+
+        grad_a, grad_b = preconditioned_factor_grads(G, A, B, power=1.0, delta=1e-6)    # ScaledGD
+    """
+    if power < 0 or delta < 0:
+        raise ValueError(f"`power`={power!r} and `delta`={delta!r}: expected non-negative numbers.")
+    grad_a, grad_b = lora_factor_grads(full_grad, lora_a, lora_b, scaling)
+    return (_gram_power(lora_b.t() @ lora_b, power, delta) @ grad_a,
+            grad_b @ _gram_power(lora_a @ lora_a.t(), power, delta))

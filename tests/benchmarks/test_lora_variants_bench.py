@@ -1,19 +1,65 @@
-"""lora_variants benchmark: the condition-number sweep's dynamics (pure factor-gradient descent, no training loop)."""
+"""lora_variants benchmark pieces: the condition sweep's dynamics, lr selection, the LoKr budget matcher."""
 
 from __future__ import annotations
 
-from lit_lowrank.benchmarks.lora_variants import _condition_run, _loglog_slope
+from lit_lowrank.benchmarks._condition_sweep import condition_run, tuned_lr
 
 
-def test_sds_convergence_does_not_degrade_with_the_factors_condition_number():
-    lora = {k: _condition_run("lora", k, 0.05, 100, seed=0)[1] for k in (1, 100, 1000)}
-    sds = {k: _condition_run("sds_lora", k, 0.05, 100, seed=0)[1] for k in (1, 100, 1000)}
-    assert lora[1] < lora[100] < lora[1000]        # LoRA slows down as the factors get ill-conditioned
-    assert max(sds.values()) < 0.01 < min(lora.values())
-    assert sds[1000] <= 2 * sds[1]                 # SDS: no degradation (the factors' scales never enter)
+def test_the_condition_sweep_sees_kappa_where_it_must():
+    # ill-conditioned solution: LoRA's slow directions stay slow (it never reaches the tolerance at κ = 1000)
+    lora = {k: condition_run("lora", k, 0.5, 400, seed=0, setting="target") for k in (1.0, 1000.0)}
+    assert lora[1000.0].steps == 400 > 10 * lora[1.0].steps
+    # ill-conditioned initial factors: SDS's basis gradients never see the factors' scales
+    sds = {k: condition_run("sds_lora", k, 0.5, 400, seed=0, setting="init") for k in (1.0, 1000.0)}
+    assert sds[1000.0].steps <= 2 * sds[1.0].steps < 400
 
 
-def test_loglog_slope_recovers_a_power_law():
-    xs = [1.0, 2.0, 4.0, 8.0]
-    assert abs(_loglog_slope(xs, [3 * x**2 for x in xs]) - 2.0) < 1e-9
-    assert abs(_loglog_slope(xs, xs) - 1.0) < 1e-9
+def test_a_diverging_rate_is_counted_not_crashed_and_tuning_avoids_it():
+    run = condition_run("lora", 1.0, 50.0, 50, seed=0)
+    assert run.diverged and run.steps == 50 and run.loss_at == 1e6 * run.loss0
+    assert tuned_lr("lora", 1.0, 100, tuning_seeds=[100], grid=(50.0, 0.2)) == 0.2
+
+
+def test_select_lr_reads_validation_loss_only():
+    from lit_lowrank.benchmarks._adapter_finetune import select_lr
+
+    rows = [{"method": "m", "lr": lr, "seed": s, "val_loss": v, "test_loss": -v}
+            for lr, v in ((1e-3, 0.9), (3e-3, 0.7), (1e-2, 0.8)) for s in (0, 1)]
+    assert select_lr(rows, "m", seeds=[0, 1]) == 3e-3
+
+
+def test_lokr_parameter_count_is_pefts_and_the_match_stays_within_loras_budget():
+    from torch import nn
+
+    from lit_lowrank.adapters import inject_adapters
+    from lit_lowrank.benchmarks._adapter_finetune import lokr_matched_kwargs, lokr_parameters
+
+    for (out_f, in_f), rank, factor in (((384, 384), 31, 4), ((1536, 384), 8, 2), ((64, 64), 40, 8)):
+        layer = nn.Sequential(nn.Linear(in_f, out_f, bias=False))
+        inject_adapters(layer, method="lokr", target_modules=["0"], rank=rank, decompose_factor=factor)
+        assert lokr_parameters(out_f, in_f, rank, factor) == sum(p.numel() for p in layer.parameters()
+                                                                  if p.requires_grad)
+    shapes = [(384, 384)] * 4 + [(1536, 384), (384, 1536)]
+    kw = lokr_matched_kwargs(shapes, 8)
+    used = sum(lokr_parameters(o, i, kw["rank"], kw["decompose_factor"]) for o, i in shapes)
+    assert 0.9 * 8 * sum(o + i for o, i in shapes) <= used <= 8 * sum(o + i for o, i in shapes)
+
+
+def test_finetune_runner_on_the_cached_minilm_top_layer_is_paired_by_seed():
+    """Two steps of the real runner: the same seed gives the same row; diagnostics are present for adapters."""
+    import torch
+
+    from lit_lowrank.benchmarks._adapter_finetune import FinetuneConfig, MiniLMTop, finetune_run, tweet_splits
+
+    torch.set_num_threads(1)
+    splits = tweet_splits("minilm", 8, (24, 12, 12))
+    trunk = MiniLMTop.from_pretrained(adapt_layers=1)
+    data = trunk.prepare(splits)
+    assert data["train"]["states"].shape == (24, 8, 384)
+    config = FinetuneConfig(steps=2, batch_size=4, measure_every=1)
+    first = finetune_run(trunk, "sds_lora", 1e-2, 0, data, config)
+    again = finetune_run(trunk, "sds_lora", 1e-2, 0, data, config)
+    assert first["test_loss"] == again["test_loss"] and first["grad_erank"] == again["grad_erank"]
+    assert 0 < first["grad_erank"] and -1 <= first["induced_cosine"] <= 1 and first["delta_stable_rank"] >= 1
+    full = finetune_run(trunk, "full", 1e-4, 0, data, config)
+    assert full["trainable"] > first["trainable"] and "grad_erank" not in full
