@@ -5,8 +5,8 @@ quantized (210 matrices, 106M weights; embeddings, norms and the tied LM head st
 ``X^T X`` of each layer's inputs on windows of 256 tokens from the Lee corpus's training split (quick: 16
 windows, 4,096 tokens; full: 128 windows, 32,768 tokens), collected once on the float model and shared by
 every method (GPTQ's error feedback, SPHQuant's Hessian-weighted codebook fine-tuning). Perplexity on
-held-out Lee windows with document-respecting attention (quick: 16 windows, 4,080 scored tokens; full: all
-78, ~19.9k tokens). Each window is a **paired unit**: every method is scored on the same windows and a claim
+held-out Lee windows with document-respecting attention (quick: the first 8 windows, ~2k scored tokens, the
+floor for a paired t-CI, to keep quick near 300 CPU-s; full: all 78, ~19.9k tokens). Each window is a **paired unit**: every method is scored on the same windows and a claim
 compares per-window perplexities (geometric-mean ratio, Student-t CI over windows).
 
 **Formats at each budget** (bits per weight counting every stored number of the quantized layers: codes,
@@ -60,7 +60,7 @@ FORMATS: dict[str, dict[str, tuple[int, ...]]] = {
     "w2g64": {"uniform": (2, 64), "sph": (64, 2, 64)},
     "w3g128": {"uniform": (3, 128), "sph": (4096, 4, 128)},
 }
-QUICK = {"budgets": ("w3g128",), "calibration_windows": 16, "eval_windows": 16, "kmeans_iterations": 8,
+QUICK = {"budgets": ("w3g128",), "calibration_windows": 16, "eval_windows": 8, "kmeans_iterations": 8,
          "finetune_rounds": 1, "finetune_steps": 15, "rows_per_layer": 16}
 FULL = {"budgets": ("w2g128", "w2g64", "w3g128"), "calibration_windows": 128, "eval_windows": None, "kmeans_iterations": 15,
         "finetune_rounds": 2, "finetune_steps": 40, "rows_per_layer": 64}

@@ -151,13 +151,27 @@ def sph_directions(weights: list[Tensor]) -> tuple[Tensor, Tensor]:
 
 
 def assign_codewords(directions: Tensor, codebook: Tensor, chunk: int | None = None) -> Tensor:
-    """``argmax_k <u_n, c_k>`` for each row of ``directions (N, 8)``; int64 ``(N,)``."""
+    """``argmax_k <u_n, c_k>`` for each row of ``directions (N, 8)``; int64 ``(N,)`` (first index on ties)."""
     codebook = codebook.float()
-    # ~4M cosines per chunk: the (chunk, K) score matrix stays in cache instead of costing a GB at K=4096
-    chunk = chunk or max(1024, (1 << 22) // codebook.shape[0])
+    k = codebook.shape[0]
+    # ~1M cosines per chunk: the (chunk, K) score matrix stays in cache instead of costing a GB at K=4096
+    chunk = chunk or max(256, (1 << 20) // k)
+    # torch's argmax over a long row is scalar code (~10x the matmul at K=4096); a vectorised max over
+    # blocks of 64 codewords, then argmax over the block maxima and within the winning block, gives the
+    # same (first-index) answer from the same scores at about a third of the cost
+    block = 64 if k >= 256 and k % 64 == 0 else k
     out = torch.empty(directions.shape[0], dtype=torch.long, device=directions.device)
+    buffer = torch.empty(min(chunk, directions.shape[0]), k, device=directions.device)
     for start in range(0, directions.shape[0], chunk):
-        out[start : start + chunk] = (directions[start : start + chunk] @ codebook.T).argmax(1)
+        x = directions[start : start + chunk].float()
+        scores = torch.mm(x, codebook.T, out=buffer[: x.shape[0]])
+        if block == k:
+            out[start : start + x.shape[0]] = scores.argmax(1)
+            continue
+        blocks = scores.view(x.shape[0], k // block, block)
+        best_block = blocks.amax(2).argmax(1)
+        inner = blocks[torch.arange(x.shape[0], device=x.device), best_block].argmax(1)
+        out[start : start + x.shape[0]] = best_block * block + inner
     return out
 
 

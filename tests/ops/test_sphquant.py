@@ -9,6 +9,7 @@ import torch
 
 from lit_lowrank.ops.quantization import relative_error
 from lit_lowrank.ops.sphquant import (
+    assign_codewords,
     angles_from_codebook,
     codebook_from_angles,
     finetune_codebook,
@@ -119,3 +120,16 @@ def test_finetune_needs_hessians_for_hessian_loss():
     codebook = positive_orthant_kmeans(sph_directions([w]), 16, iterations=1)
     with pytest.raises(ValueError, match="hessians"):
         finetune_codebook(codebook, [w], 2, 64, loss="hessian")
+
+
+@pytest.mark.parametrize("codebook_size", [64, 4096])
+def test_assign_codewords_matches_plain_argmax_with_ties(codebook_size: int) -> None:
+    """The blocked max (K >= 256) returns exactly ``argmax(U C^T)``, first index on ties, across chunk edges."""
+    g = torch.Generator().manual_seed(0)
+    directions = torch.nn.functional.normalize(torch.randn(1000, 8, generator=g).abs(), dim=1)
+    codebook = torch.nn.functional.normalize(torch.randn(codebook_size, 8, generator=g).abs(), dim=1)
+    codebook[3] = codebook[codebook_size - 2]                         # duplicate codewords: exact ties
+    directions[:10] = codebook[codebook_size - 2]                     # vectors sitting on the tied pair
+    expected = (directions @ codebook.T).argmax(1)
+    assert torch.equal(assign_codewords(directions, codebook, chunk=300), expected)
+    assert torch.equal(assign_codewords(directions, codebook)[:10], torch.full((10,), 3))
