@@ -25,7 +25,8 @@ Rows (one per method and cell: test accuracy and torchmetrics' 15-bin L1 ECE):
 
 Claims (paired over cells): SD-LoRA's accuracy above CLIP-LoRA + cache at each shot count and
 pooled over all cells, and its ECE below. Controls: the pooled accuracy claim computed for the
-shuffled-graph and the random teacher — both must not hold.
+shuffled-graph and the random teacher — both must not hold — and, as a sensitivity control that
+must fail, CLIP-LoRA without the cache against CLIP-LoRA + cache (a known gap of a few points).
 
 By construction and therefore tested, not claimed (``tests/adapters/test_sd_lora.py``): the
 exported SD-LoRA classifier holds no teacher, runs no teacher forward and has the CLIP-LoRA
@@ -230,7 +231,10 @@ def claims_and_controls(rows: list[dict[str, Any]], shot_counts: tuple[int, ...]
                             metric="ece", op="<", paper=PAPER_CALIBRATION))
     controls = [acc_claim("a teacher on shuffled graphs (random edges, same counts) beats CLIP-LoRA + cache",
                           "sd_lora_shuffled_graph"),
-                acc_claim("an untrained, frozen teacher beats CLIP-LoRA + cache", "sd_lora_random_teacher")]
+                acc_claim("an untrained, frozen teacher beats CLIP-LoRA + cache", "sd_lora_random_teacher"),
+                # sensitivity: the same paired comparison on a gap of the paper's size that is known to be negative
+                # (dropping the cache); it must fail, or the cells cannot resolve a few points
+                acc_claim("CLIP-LoRA without the cache beats CLIP-LoRA + cache", "clip_lora")]
     return claims, controls
 
 

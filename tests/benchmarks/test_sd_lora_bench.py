@@ -27,7 +27,7 @@ def _rows(sd_gain: float, control_gain: float):
 
 def test_headline_is_paired_against_clip_lora_with_the_same_cache():
     claims, controls = claims_and_controls(_rows(sd_gain=0.02, control_gain=-0.01), SHOTS)
-    assert len(claims) == len(SHOTS) + 2 and len(controls) == 2
+    assert len(claims) == len(SHOTS) + 2 and len(controls) == 3
     assert all("CLIP-LoRA + cache" in c["quantity"] for c in claims + controls)
     assert [c["n"] for c in claims] == [3, 3, 3, 9, 9]
     assert all(c["verdict"] == "holds" for c in claims)
@@ -37,7 +37,9 @@ def test_headline_is_paired_against_clip_lora_with_the_same_cache():
 
 def test_a_control_that_gains_as_much_as_the_method_holds():
     _, controls = claims_and_controls(_rows(sd_gain=0.02, control_gain=0.02), SHOTS)
-    assert all(c["verdict"] == "holds" for c in controls)  # the run would be marked invalid
+    assert all(c["verdict"] == "holds" for c in controls[:2])  # the run would be marked invalid
+    # the sensitivity control (CLIP-LoRA without its cache, 0.1 below in every cell) must fail
+    assert controls[2]["verdict"] == "fails" and "acc(clip_lora)" in controls[2]["quantity"]
 
 
 def test_summary_has_every_method_and_shot_count():
