@@ -4,11 +4,12 @@
 :class:`STACRLinear`: the same parameters (same ``state_dict`` keys, so checkpoints load
 into the plain model too), a forward that saves the activation code of its input
 (:mod:`lit_lowrank.ops.stac_r`) and a backward that contracts the weight gradient from
-it. :class:`STACR` applies it in ``setup``, calibrates on the first training batch
-(an exact, instrumented step: the Saved-Surface Predictor and the gradient bridge are
-logged, memory-increasing layers are named in a warning, and the bases start from that
-batch's SVD), then compresses every step, measuring the saved-activation peak with the
-pack-hook counter.
+it. :class:`STACR` applies it in ``setup``, calibrates on the first training batch (an
+exact, instrumented step: the Saved-Surface Predictor on saved-activation bytes, the
+weight-gradient cosine, memory-increasing layers named in a warning, bases from that
+batch's SVD), then measures the *total* training peak of one exact and one compressed
+step (:class:`~lit_lowrank.ops.peak_memory.PeakMemory`) and warns when the predicted saving
+is not delivered, then compresses every step, counting its saved-activation bytes.
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ class STACRLinear(nn.Linear):
             basis = random_projection(self.in_features, self._rank_for(x2d.shape[0]),
                                       self.projection_seed + 7919 * self.projection_step, x2d.device)
         elif self.basis_mode == "svd":
-            basis = init_basis(x2d, self._rank_for(x2d.shape[0]))
+            basis = init_basis(x2d, self._rank_for(x2d.shape[0]), exact=True)
         elif basis is None:
             basis = init_basis(x2d, self.rank)
         elif self.basis_mode == "tracked" and self.mode == "compress":

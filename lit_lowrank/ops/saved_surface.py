@@ -162,17 +162,23 @@ class SurfaceRecorder:
             h.remove()
         self._handles.clear()
 
-    def report(self, code_bytes: Callable[[str, int, int], int], top: int = 8) -> SurfaceReport:
-        """Turn the recorded peak into a :class:`SurfaceReport`; ``code_bytes(layer, N, d)`` prices one code."""
+    def report(self, code_bytes: Callable[[str, int, int], int], top: int = 8,
+               subset: Sequence[str] | None = None) -> SurfaceReport:
+        """Turn the recorded peak into a :class:`SurfaceReport`; ``code_bytes(layer, N, d)`` prices one code.
+
+        ``subset``: compress only these targets (the others keep their inputs like any
+        other op), so one recorded step prices every choice of layers.
+        """
         peak = self.counter.peak_bytes
+        chosen = set(self.targets) if subset is None else set(subset) & set(self.targets)
         drivers: list[tuple[str, int]] = []
         layers: dict[str, LayerSurface] = {}
         a_plus, total_saving = 0, 0
         self.key_saving = {}
         for key, (nbytes, holders) in self.counter.peak_live.items():
             tags = [t or OTHER for t in holders]
-            targets = [t for t in tags if t in self.targets]
-            others = sorted({t for t in tags if t not in self.targets})
+            targets = [t for t in tags if t in chosen]
+            others = sorted({t for t in tags if t not in chosen})
             drivers.append((" + ".join(sorted(set(tags))), nbytes))
             if not targets:
                 continue
