@@ -38,8 +38,8 @@ from lit_lowrank.ops.peak_memory import PeakMemory
 from lit_lowrank.ops.saved_tensors import SavedTensorCounter
 
 SMOL_TARGET = r"layers\.\d+\.(self_attn|mlp)\.[a-z]+_proj$"
-MINILM_TARGET = r"encoder\.layer\.\d+\.(attention\.self\.(query|key|value)|attention\.output\.dense|intermediate\.dense" \
-                r"|output\.dense)$"
+MINILM_TARGET = (r"encoder\.layer\.\d+\.(attention\.self\.(query|key|value)|attention\.output\.dense"
+                 r"|intermediate\.dense|output\.dense)$")
 
 
 @dataclass
@@ -250,7 +250,7 @@ def forward_saved_bytes(model: nn.Module, task: Task, batch: dict[str, Tensor]) 
 
 
 def set_code(layers: dict[str, STACRLinear], chosen: set[str], rank: int, coef_dtype: torch.dtype) -> None:
-    """Compress only ``chosen`` (the others run plainly) with a rank-``rank`` code; bases restart from the next batch."""
+    """Compress only ``chosen`` (the others run plainly) at rank ``rank``; bases restart from the next batch."""
     for name, layer in layers.items():
         layer.mode = "compress" if name in chosen else "off"
         layer.diagnose = False

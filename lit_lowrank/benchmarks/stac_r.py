@@ -250,7 +250,8 @@ def _study(task: Task, cfg: dict[str, Any], device: str, methods: list[str], cos
     extra = 1 + cfg["mem_steps"] + cfg["diag_steps"]
     for name in dict.fromkeys(methods + cosine_methods):
         if name in methods:
-            mem_rows, variant, meter, rec = _measure(task, specs[name], cfg, device, record=predictor and name == "exact")
+            record = predictor and name == "exact"
+            mem_rows, variant, meter, rec = _measure(task, specs[name], cfg, device, record=record)
             rows += mem_rows
             if rec is not None:
                 recorder, exact_meter = rec, meter
@@ -320,7 +321,8 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
     rows = smol_rows + mini_rows + turbo_rows
     summary = smol_summary + mini_summary + _turbo_summary(turbo_rows, rows, turbo_task.name)
     claims, controls = _claims(rows, turbo_task.name, cfg)
-    notes = {"settings": {k: v for k, v in cfg.items() if k != "lr"}, "lr": cfg["lr"], "threads": torch.get_num_threads(),
+    notes = {"settings": {k: v for k, v in cfg.items() if k != "lr"}, "lr": cfg["lr"],
+             "threads": torch.get_num_threads(),
              "tokens_per_step": {"smollm2": smol.tokens_per_step, "minilm": minilm.tokens_per_step},
              "memory": "total training peak per variant: a PeakMemory session opened before the variant's copy of the "
                        "model is built (CPU: the profiler's allocator events; CUDA: max_memory_allocated); phases: "
@@ -385,7 +387,8 @@ def _claims(rows: list[dict[str, Any]], turbo_model: str,
              "SmolLM2 reduction", PAPER_PEAK),
         cosine("smollm2", "random", "control: an iso-byte random projection (CompAct-style) reaches the SmolLM2 "
                "cosine"),
-        peak("minilm", "rank_d", "control: a rank-d basis (no compression) shows the same MiniLM reduction", PAPER_BERT),
+        peak("minilm", "rank_d", "control: a rank-d basis (no compression) shows the same MiniLM reduction",
+             PAPER_BERT),
         cosine("minilm", "random", "control: an iso-byte random projection reaches the MiniLM cosine"),
     ]
     # Turbo: memory at most 0.005 GiB above full STAC-R's, and 0.67x its step time

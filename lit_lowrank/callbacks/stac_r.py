@@ -27,7 +27,8 @@ from torch import Tensor, nn
 from lit_lowrank.core.loss_hooks import MethodCallback
 from lit_lowrank.core.surgery import find_modules, mark_replaced, record_surgery, replace_module
 from lit_lowrank.ops.peak_memory import PeakMemory
-from lit_lowrank.ops.saved_surface import SurfaceRecorder, SurfaceReport, predict_total_peak, predict_total_peak_timeline
+from lit_lowrank.ops.saved_surface import (SurfaceRecorder, SurfaceReport, predict_total_peak,
+                                           predict_total_peak_timeline)
 from lit_lowrank.ops.saved_tensors import MIB, SavedTensorCounter, optimizer_state_bytes, training_state_bytes
 from lit_lowrank.ops.stac_r import (
     TrackedSavedTensorCodec,
@@ -385,10 +386,17 @@ class STACR(MethodCallback):
                     layer.stac_r_basis = basis
 
     def on_exception(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", exception: BaseException) -> None:
+        self._close_session()
+
+    def teardown(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+        self._close_session()  # a fit that ends between the exact and the measured step
+
+    def _close_session(self) -> None:
         self._close_region()  # never leave the saved-tensor hooks installed
         meter, self._meter = self._meter, None
-        if meter is not None:  # nor the profiler
+        if meter is not None:  # nor the profiler (an open session at interpreter exit crashes it)
             meter.__exit__(None, None, None)
+            self.total.pop("reference", None)  # unfinished: measured again if training resumes
 
     def _price(self, name: str, n: int, d: int) -> int:
         return self.layers[name].code_nbytes(n)

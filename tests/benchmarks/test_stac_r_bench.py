@@ -31,7 +31,8 @@ def study():
     cfg = bench._setting(True)
     cfg.update(rank=8, sweep_ranks=(24,))
     task = _tiny_llama_task(32, 4, 6, 2, 0)
-    rows, summary, kept = bench._study(task, cfg, "cpu", ["exact", "stac_r", "rank_d"], ["stac_r", "random", "untracked"],
+    rows, summary, kept = bench._study(task, cfg, "cpu", ["exact", "stac_r", "rank_d"],
+                                       ["stac_r", "random", "untracked"],
                                        ["exact", "stac_r"], predictor=True, keep_stac=True)
     return rows, summary, kept
 
@@ -82,6 +83,7 @@ def test_predictor_rows_cover_every_projection_and_the_mlp_sweep(study):
     assert {r["projections"] for r in ablations} >= set(bench.PROJECTIONS) | {"gate_proj+up_proj", "down_proj"}
     gate = next(r for r in ablations if r["projections"] == "gate_proj")
     # gate alone: up still holds the shared input, so the code only adds bytes, as predicted
-    assert gate["measured_saved_reduction"] < 0 and gate["predicted_saved_reduction"] < 0 < gate["naive_saved_reduction"]
+    assert gate["measured_saved_reduction"] < 0 and gate["predicted_saved_reduction"] < 0
+    assert gate["naive_saved_reduction"] > 0
     for r in ablations:
         assert r["predicted_saved_reduction"] == pytest.approx(r["measured_saved_reduction"], abs=0.01)

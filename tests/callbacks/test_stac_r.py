@@ -197,7 +197,7 @@ def test_surgery_is_idempotent_and_keeps_state_dict_keys():
 
 def test_errors_name_the_parameter():
     with pytest.raises(ValueError, match="rank"):
-        apply_stac_r(GeluUser(), target=["head"], rank=32)
+        apply_stac_r(GeluUser(), target=["head"], rank=33)  # rank = in_features (32) is the no-compression control
     with pytest.raises(ValueError, match="target"):
         apply_stac_r(GeluUser(), target="nothing")
     with pytest.raises(ValueError, match="basis"):
