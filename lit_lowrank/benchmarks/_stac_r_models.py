@@ -110,6 +110,16 @@ def minilm_task(batch: int, max_length: int, n_train: int, n_val: int, seed: int
     return Task("minilm", model, _cls_loss, MINILM_TARGET, train, val, batch * max_length)
 
 
+def to_device(task: Task, device: str) -> Task:
+    """``task`` with its model and batches on ``device`` (the full run on a GPU)."""
+    def move(batches: list[dict[str, Tensor]]) -> list[dict[str, Tensor]]:
+        return [{k: v.to(device) if isinstance(v, Tensor) else v for k, v in b.items()} for b in batches]
+
+    task.model.to(device)
+    task.train, task.val = move(task.train), move(task.val)
+    return task
+
+
 def _take(loader: Any, n: int) -> list[dict[str, Tensor]]:
     out: list[dict[str, Tensor]] = []
     while len(out) < n:
@@ -214,6 +224,8 @@ class Variant:
         self.opt.step()
         if meter is not None:
             meter.end_segment()
+        if loss.is_cuda:  # the step's kernels have finished when the clock is read
+            torch.cuda.synchronize(loss.device)
         out = {"loss": float(loss.detach()), "seconds": time.perf_counter() - start}
         if diagnose and self.layers:
             cos = [layer.diagnostics.pop("bridge").cosine for layer in self.layers.values()

@@ -63,6 +63,7 @@ from lit_lowrank.benchmarks._stac_r_models import (
     minilm_task,
     set_code,
     smollm2_task,
+    to_device,
 )
 from lit_lowrank.benchmarks._timing import interleaved_samples
 from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, paired, per_unit, statistic_claim
@@ -299,17 +300,18 @@ def _study(task: Task, cfg: dict[str, Any], device: str, methods: list[str], cos
 def run(quick: bool, seed: int) -> BenchmarkResult:
     torch.set_num_threads(2)
     cfg = _setting(quick)
-    device = "cpu"
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # PeakMemory measures where the run allocates
     start = time.perf_counter()
     n_train = 1 + cfg["mem_steps"] + cfg["diag_steps"] + max(cfg["val_steps"], cfg["turbo_rounds"] + 1, 1)
-    smol = smollm2_task(cfg["smol"]["seq"], cfg["smol"]["batch"], n_train, cfg["n_val"], seed)
+    smol = to_device(smollm2_task(cfg["smol"]["seq"], cfg["smol"]["batch"], n_train, cfg["n_val"], seed), device)
     smol_rows, smol_summary, smol_stac = _study(
         smol, cfg, device, ["exact", "stac_r", "rank_d"] + (["checkpoint", "galore"] if cfg["smol_baselines"] else []),
         ["stac_r", "random", "untracked"] + (["svd"] if cfg["svd"] else []),
         ["exact", "stac_r"] + (["random"] if cfg["val_steps"] else []), predictor=True,
         keep_stac=cfg["turbo_task"] == "smollm2")
     seconds_smol = time.perf_counter() - start
-    minilm = minilm_task(cfg["minilm"]["batch"], cfg["minilm"]["max_length"], n_train, cfg["minilm_val"], seed)
+    minilm = to_device(minilm_task(cfg["minilm"]["batch"], cfg["minilm"]["max_length"], n_train, cfg["minilm_val"],
+                                   seed), device)
     mini_rows, mini_summary, mini_stac = _study(
         minilm, cfg, device, ["exact", "stac_r", "rank_d", "checkpoint", "galore"], ["stac_r", "random"],
         ["exact", "stac_r"] + (["random"] if cfg["val_steps"] else []), predictor=False,
