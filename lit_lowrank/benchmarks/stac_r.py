@@ -87,14 +87,24 @@ PAPER_PPL = "keeping long-horizon validation perplexity within 1.5% of baseline 
 
 
 def _setting(quick: bool) -> dict[str, Any]:
+    """Quick (≲ 300 CPU-seconds on 2 cores): memory, cosine, Turbo on MiniLM; SmolLM2 for the predictor only.
+
+    Measured on the loaded 2-core machine: a SmolLM2-135M training step costs 13-19 CPU-s exact and
+    29-41 CPU-s with STAC-R whatever the tokens (2x128 or 2x256: AdamW over 135M parameters and 210
+    compressed Linears set it), so quick cannot afford its memory sessions (3 variants x 3 steps)
+    and cosine steps; it keeps one recorded exact step (1x128 tokens) and the forward-only ablations.
+    """
     if quick:
-        return dict(smol=dict(seq=256, batch=2), minilm=dict(batch=32, max_length=64), rank=32, density=0.01,
-                    mem_steps=2, diag_steps=2, n_val=2, minilm_val=4, val_steps=0, turbo_task="minilm",
-                    turbo_rounds=5, galore_rank=128, sweep_ranks=(128, 288), smol_baselines=False, svd=False,
+        return dict(smol=dict(seq=128, batch=1, mem_steps=1, methods=[], cosine=[], val=[]),
+                    minilm=dict(batch=16, max_length=64, methods=["rank_d"]), rank=32, density=0.01,
+                    mem_steps=2, diag_steps=2, n_val=1, minilm_val=4, val_steps=0, turbo_task="minilm",
+                    turbo_rounds=5, galore_rank=128, sweep_ranks=(128, 288),
                     lr={"smollm2": 1e-5, "minilm": 5e-5})
-    return dict(smol=dict(seq=256, batch=4), minilm=dict(batch=32, max_length=64), rank=32, density=0.01,
-                mem_steps=3, diag_steps=5, n_val=8, minilm_val=16, val_steps=40, turbo_task="smollm2",
-                turbo_rounds=7, galore_rank=128, sweep_ranks=(64, 128, 288, 448), smol_baselines=True, svd=True,
+    return dict(smol=dict(seq=256, batch=4, mem_steps=3, methods=["stac_r", "rank_d", "checkpoint", "galore"],
+                          cosine=["stac_r", "random", "untracked", "svd"], val=["exact", "stac_r", "random"]),
+                minilm=dict(batch=32, max_length=64, methods=["rank_d", "checkpoint", "galore"]), rank=32,
+                density=0.01, mem_steps=3, diag_steps=5, n_val=8, minilm_val=16, val_steps=40, turbo_task="smollm2",
+                turbo_rounds=7, galore_rank=128, sweep_ranks=(64, 128, 288, 448),
                 lr={"smollm2": 1e-5, "minilm": 5e-5})
 
 
@@ -123,7 +133,7 @@ def _step_peaks(meter: PeakMemory) -> list[tuple[int, int]]:
 
 
 def _measure(task: Task, spec: Spec, cfg: dict[str, Any], device: str, record: bool = False,
-             ) -> tuple[list[dict[str, Any]], Variant, PeakMemory, SurfaceRecorder | None]:
+             mem_steps: int | None = None) -> tuple[list[dict[str, Any]], Variant, PeakMemory, SurfaceRecorder | None]:
     """A fresh variant in its own session: one calibration step, then ``mem_steps`` measured steps (a row each).
 
     ``record``: the predictor's recording of the first measured step (every target Linear tagged).
@@ -136,7 +146,7 @@ def _measure(task: Task, spec: Spec, cfg: dict[str, Any], device: str, record: b
             recorder = SurfaceRecorder(variant.model, {n: m for n, m in variant.model.named_modules()
                                                        if isinstance(m, torch.nn.Linear) and re.search(task.target, n)})
         variant.step(task.train[0])
-        for k in range(1, cfg["mem_steps"] + 1):
+        for k in range(1, (mem_steps or cfg["mem_steps"]) + 1):
             seconds.append(variant.step(task.train[k], meter=meter, counter=recorder if k == 1 else None)["seconds"])
     for k, ((fb, opt), sec) in enumerate(zip(_step_peaks(meter), seconds), start=1):
         rows.append({"kind": "memory", "model": task.name, "method": spec.name, "step": k,
@@ -241,18 +251,20 @@ def _turbo(task: Task, specs: dict[str, Spec], cfg: dict[str, Any], device: str,
 
 # -- the run --------------------------------------------------------------------------------------------------------
 def _study(task: Task, cfg: dict[str, Any], device: str, methods: list[str], cosine_methods: list[str],
-           val_methods: list[str], predictor: bool,
-           keep_stac: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Variant | None]:
+           val_methods: list[str], predictor: bool, keep_stac: bool,
+           mem_steps: int | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Variant | None]:
     """Memory (per variant, sequentially), cosine, validation loss and (SmolLM2) the predictor on one task."""
     specs = _specs(cfg)
     rows: list[dict[str, Any]] = []
     summary: dict[str, dict[str, Any]] = {}
     recorder, exact_meter, kept = None, None, None
-    extra = 1 + cfg["mem_steps"] + cfg["diag_steps"]
+    mem_steps = mem_steps or cfg["mem_steps"]
+    extra = 1 + mem_steps + cfg["diag_steps"]
     for name in dict.fromkeys(methods + cosine_methods):
         if name in methods:
             record = predictor and name == "exact"
-            mem_rows, variant, meter, rec = _measure(task, specs[name], cfg, device, record=record)
+            mem_rows, variant, meter, rec = _measure(task, specs[name], cfg, device, record=record,
+                                                   mem_steps=mem_steps)
             rows += mem_rows
             if rec is not None:
                 recorder, exact_meter = rec, meter
@@ -270,7 +282,7 @@ def _study(task: Task, cfg: dict[str, Any], device: str, methods: list[str], cos
                 variant.steps = 1
             summary[name] = {"model": task.name, "method": name}
         if name in cosine_methods:
-            cos_rows = _diagnose(variant, task, 1 + cfg["mem_steps"], cfg["diag_steps"])
+            cos_rows = _diagnose(variant, task, 1 + mem_steps, cfg["diag_steps"])
             rows += cos_rows
             summary[name]["grad_cosine"] = mean([r["grad_cosine"] for r in cos_rows])
         if name in val_methods:
@@ -293,7 +305,7 @@ def _study(task: Task, cfg: dict[str, Any], device: str, methods: list[str], cos
                 and s["method"] in methods:
             s.update(_predicted_total(recorder, exact_meter, specs[s["method"]]))
     if predictor and recorder is not None:
-        rows += _ablations(task, recorder, cfg, specs["stac_r"], task.train[1])
+        rows += _ablations(task, recorder, cfg, specs["stac_r"], task.train[1])  # the recorded step's batch
     return rows, list(summary.values()), kept
 
 
@@ -303,17 +315,19 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
     device = "cuda" if torch.cuda.is_available() else "cpu"  # PeakMemory measures where the run allocates
     start = time.perf_counter()
     n_train = 1 + cfg["mem_steps"] + cfg["diag_steps"] + max(cfg["val_steps"], cfg["turbo_rounds"] + 1, 1)
-    smol = to_device(smollm2_task(cfg["smol"]["seq"], cfg["smol"]["batch"], n_train, cfg["n_val"], seed), device)
+    smol_cfg, mini_cfg = cfg["smol"], cfg["minilm"]
+    smol = to_device(smollm2_task(smol_cfg["seq"], smol_cfg["batch"], n_train, cfg["n_val"], seed), device)
     smol_rows, smol_summary, smol_stac = _study(
-        smol, cfg, device, ["exact", "stac_r", "rank_d"] + (["checkpoint", "galore"] if cfg["smol_baselines"] else []),
-        ["stac_r", "random", "untracked"] + (["svd"] if cfg["svd"] else []),
-        ["exact", "stac_r"] + (["random"] if cfg["val_steps"] else []), predictor=True,
-        keep_stac=cfg["turbo_task"] == "smollm2")
+        smol, cfg, device, ["exact"] + smol_cfg["methods"], smol_cfg["cosine"], smol_cfg["val"], predictor=True,
+        keep_stac=cfg["turbo_task"] == "smollm2", mem_steps=smol_cfg["mem_steps"])
+    if cfg["turbo_task"] != "smollm2":  # the pretrained copy (every variant was a deepcopy of it) is done
+        smol.model = None  # type: ignore[assignment]
+        gc.collect()
     seconds_smol = time.perf_counter() - start
-    minilm = to_device(minilm_task(cfg["minilm"]["batch"], cfg["minilm"]["max_length"], n_train, cfg["minilm_val"],
-                                   seed), device)
+    minilm = to_device(minilm_task(mini_cfg["batch"], mini_cfg["max_length"], n_train, cfg["minilm_val"], seed),
+                       device)
     mini_rows, mini_summary, mini_stac = _study(
-        minilm, cfg, device, ["exact", "stac_r", "rank_d", "checkpoint", "galore"], ["stac_r", "random"],
+        minilm, cfg, device, ["exact", "stac_r"] + mini_cfg["methods"], ["stac_r", "random", "untracked"],
         ["exact", "stac_r"] + (["random"] if cfg["val_steps"] else []), predictor=False,
         keep_stac=cfg["turbo_task"] == "minilm")
     turbo_task, stac = (smol, smol_stac) if cfg["turbo_task"] == "smollm2" else (minilm, mini_stac)
@@ -367,32 +381,30 @@ def _claims(rows: list[dict[str, Any]], turbo_model: str,
                      "mean over the compressed layers, per batch", values=list(values.values()), unit="batch",
                      units=list(values), target=0.98, op=">=")
 
-    claims = [
-        peak("smollm2", "stac_r", "SmolLM2-135M fine-tuning: total training peak >= 7% below exact", PAPER_PEAK),
-        cosine("smollm2", "stac_r", "SmolLM2-135M: mean weight-gradient cosine >= 0.98"),
-    ]
-    ours, base, units = pair("grad_cosine", "cosine", "smollm2", "stac_r", "untracked", "batch")
-    claims.append(claim("SmolLM2-135M: gradient cosine of the tracked basis above the untracked (frozen at "
-                        "calibration) one", paper=PAPER_CONTROLS, quantity="cosine(STAC-R) - cosine(untracked), "
-                        "per batch", values=ours, baseline=base, unit="batch", units=units, target=0.0, op=">"))
-    if any(r.get("method") == "svd" and r.get("kind") == "cosine" for r in rows):
-        ours, base, units = pair("grad_cosine", "cosine", "smollm2", "stac_r", "svd", "batch")
-        claims.append(claim("SmolLM2-135M: gradient cosine of the tracked basis above the iso-byte per-step SVD",
-                            paper=PAPER_CONTROLS, quantity="cosine(STAC-R) - cosine(iso-byte SVD), per batch",
-                            values=ours, baseline=base, unit="batch", units=units, target=0.0, op=">"))
-    claims += [
-        peak("minilm", "stac_r", "all-MiniLM-L6-v2 fine-tuning: total training peak >= 7% below exact", PAPER_BERT),
-        cosine("minilm", "stac_r", "all-MiniLM-L6-v2: mean weight-gradient cosine >= 0.98"),
-    ]
-    controls = [
-        peak("smollm2", "rank_d", "control: a rank-d basis with fp32 coefficients (no compression) shows the same "
-             "SmolLM2 reduction", PAPER_PEAK),
-        cosine("smollm2", "random", "control: an iso-byte random projection (CompAct-style) reaches the SmolLM2 "
-               "cosine"),
-        peak("minilm", "rank_d", "control: a rank-d basis (no compression) shows the same MiniLM reduction",
-             PAPER_BERT),
-        cosine("minilm", "random", "control: an iso-byte random projection reaches the MiniLM cosine"),
-    ]
+    def has(kind: str, model: str, method: str) -> bool:
+        return any(r.get("kind") == kind and r.get("model") == model and r.get("method") == method for r in rows)
+
+    claims: list[dict[str, Any]] = []
+    controls: list[dict[str, Any]] = []
+    for model, label, paper in (("smollm2", "SmolLM2-135M", PAPER_PEAK), ("minilm", "all-MiniLM-L6-v2", PAPER_BERT)):
+        # each claim where its rows were measured (quick: memory and cosine on MiniLM only, see _setting)
+        if has("memory", model, "stac_r"):
+            claims.append(peak(model, "stac_r", f"{label} fine-tuning: total training peak >= 7% below exact", paper))
+        if has("cosine", model, "stac_r"):
+            claims.append(cosine(model, "stac_r", f"{label}: mean weight-gradient cosine >= 0.98"))
+        for other, text in (("untracked", "the untracked (frozen at calibration) one"), ("svd", "the iso-byte per-step "
+                                                                                          "SVD")):
+            if has("cosine", model, "stac_r") and has("cosine", model, other):
+                ours, base, units = pair("grad_cosine", "cosine", model, "stac_r", other, "batch")
+                claims.append(claim(f"{label}: gradient cosine of the tracked basis above {text}", paper=PAPER_CONTROLS,
+                                    quantity=f"cosine(STAC-R) - cosine({other}), per batch", values=ours,
+                                    baseline=base, unit="batch", units=units, target=0.0, op=">"))
+        if has("memory", model, "rank_d"):
+            controls.append(peak(model, "rank_d", f"control: a rank-d basis with fp32 coefficients (no compression) "
+                                 f"shows the same {label} reduction", paper))
+        if has("cosine", model, "random"):
+            controls.append(cosine(model, "random", f"control: an iso-byte random projection (CompAct-style) reaches "
+                                   f"the {label} cosine"))
     # Turbo: memory at most 0.005 GiB above full STAC-R's, and 0.67x its step time
     ours, base, units = pair("peak_total_mib", "memory", turbo_model, "turbo", "stac_r", "step")
     claims.append(claim(f"Turbo (STAC-R lite + GaLore) on {turbo_model}: total peak at most 0.005 GiB above full "
