@@ -1,9 +1,9 @@
 """STAC-R benchmark: the total training peak, measured, with gradient cosine and validation loss beside it.
 
 **Models** (:mod:`lit_lowrank.benchmarks._stac_r_models`): pretrained SmolLM2-135M (Llama,
-SwiGLU) fine-tuned as a causal LM on packed Lee-corpus windows (quick: 2 × 256 tokens per
-step; full: 4 × 256), every ``*_proj`` of its 30 blocks compressed; pretrained
-all-MiniLM-L6-v2 fine-tuned on the embedded sentiment tweets (32 × 64 tokens), every Linear
+SwiGLU) fine-tuned as a causal LM on packed Lee-corpus windows (quick: 1 × 128 tokens, the
+predictor only; full: 4 × 256 per step), every ``*_proj`` of its 30 blocks compressed; pretrained
+all-MiniLM-L6-v2 fine-tuned on the embedded sentiment tweets (quick 16 × 64 tokens, full 32 × 64), every Linear
 of its 6 blocks compressed. AdamW (lr 1e-5 / 5e-5, no weight decay), fp32, CPU threads 2.
 
 **Memory** is the paper's quantity: the total training peak — parameters, gradients,
@@ -37,9 +37,11 @@ higher ranks with fp32 coefficients, predicted and measured. **Turbo** (quick on
 full on SmolLM2): STAC-R without the residual, its basis refreshed every 8 steps, with
 GaLoreAdamW on the compressed Linears, against full STAC-R: peak memory and interleaved
 step-time rounds. Baselines beside the rows: transformers' activation checkpointing and
-GaLore alone (MiniLM in quick, both models in full).
+GaLore alone (full mode only).
 
-Quick ≈ 2.5 minutes on an idle 2-core CPU; full ≈ 40 minutes there (minutes on a GPU).
+Quick (≲ 300 CPU-s on 2 cores): memory, cosine and Turbo on MiniLM (16 × 64 tokens); SmolLM2 only for the
+predictor and SwiGLU claims (one recorded exact step on 1 × 128 tokens, forward-only ablations), see
+:func:`_setting`. Full: everything on both models (≈ 1 hour or more on an idle 2-core CPU, minutes on a GPU).
 """
 
 from __future__ import annotations
