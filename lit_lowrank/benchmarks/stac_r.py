@@ -216,6 +216,10 @@ def _ablations(task: Task, recorder: SurfaceRecorder, cfg: dict[str, Any], spec:
         report = recorder.report(_price(spec, rank, dtype), subset=chosen)
         naive = sum(s.input_bytes - s.code_bytes for s in report.layers.values())  # every input counted as freed
         set_code(layers, chosen, rank, getattr(torch, dtype))
+        for n in chosen:  # the held bytes depend on the code's shapes only: an orthonormal (d, rank) basis per
+            d = layers[n].in_features  # layer without its SVD (60 thin SVDs cost 14 of a cell's 17 CPU-s at N=128)
+            layers[n].stac_r_basis = torch.eye(d, device=layers[n].weight.device)[:, :rank].contiguous()
+            layers[n].basis_mode = "untracked"  # held fixed (no subspace step): same stored bytes as tracked
         held = forward_saved_bytes(variant.model, task, batch)
         rows.append({"kind": "ablation", "model": task.name, "projections": label, "rank": rank, "coef_dtype": dtype,
                      "mlp": any(k in ("gate_proj", "up_proj", "down_proj") for k in kinds),
