@@ -15,6 +15,14 @@ storages with a positive saving, and
   shared by so many compressed holders that their codes outweigh it is in the
   *memory-increasing regime* and is reported in ``increasing``.
 
+These are statements about *saved-activation* bytes. The total training peak (parameters,
+gradients, optimizer state, activations, transients) falls by at most the same bytes, and
+by nothing when it is set where no compressible activation is alive (the optimizer step,
+which holds parameters + gradients + optimizer state): :func:`predict_total_peak` combines
+the saving with the two measured phases of an exact step
+(:class:`~lit_lowrank.ops.peak_memory.PeakMemory`), and ``A_C⁺ / P_total`` bounds the
+reduction of the total peak.
+
 .. code-block:: python
 
     from lit_lowrank.ops.saved_surface import saved_surface
@@ -36,7 +44,8 @@ from torch import Tensor, nn
 from lit_lowrank.ops.saved_tensors import SavedTensorCounter
 from lit_lowrank.ops.stac_r import compressed_nbytes
 
-__all__ = ["LayerSurface", "SurfaceRecorder", "SurfaceReport", "default_loss", "saved_surface", "select_linear"]
+__all__ = ["LayerSurface", "SurfaceRecorder", "SurfaceReport", "default_loss", "predict_total_peak",
+           "predict_total_peak_timeline", "saved_surface", "select_linear"]
 
 #: Tag prefix of tensors saved inside a module that is not compressed.
 OTHER = "other:"
@@ -93,6 +102,11 @@ class SurfaceReport:
     layers: dict[str, LayerSurface] = field(default_factory=dict)
     increasing: list[str] = field(default_factory=list)
 
+    @property
+    def saving_bytes(self) -> int:
+        """Bytes the codes free at the saved-activation peak (negative: they add bytes)."""
+        return self.peak_bytes - self.predicted_peak_bytes
+
     def as_dict(self) -> dict[str, Any]:
         return {"peak_bytes": self.peak_bytes, "compressible_bytes": self.compressible_bytes, "ssp": self.ssp,
                 "predicted_peak_bytes": self.predicted_peak_bytes, "predicted_reduction": self.predicted_reduction,
@@ -148,21 +162,29 @@ class SurfaceRecorder:
             h.remove()
         self._handles.clear()
 
-    def report(self, code_bytes: Callable[[str, int, int], int], top: int = 8) -> SurfaceReport:
-        """Turn the recorded peak into a :class:`SurfaceReport`; ``code_bytes(layer, N, d)`` prices one code."""
+    def report(self, code_bytes: Callable[[str, int, int], int], top: int = 8,
+               subset: Sequence[str] | None = None) -> SurfaceReport:
+        """Turn the recorded peak into a :class:`SurfaceReport`; ``code_bytes(layer, N, d)`` prices one code.
+
+        ``subset``: compress only these targets (the others keep their inputs like any
+        other op), so one recorded step prices every choice of layers.
+        """
         peak = self.counter.peak_bytes
+        chosen = set(self.targets) if subset is None else set(subset) & set(self.targets)
         drivers: list[tuple[str, int]] = []
         layers: dict[str, LayerSurface] = {}
         a_plus, total_saving = 0, 0
-        for nbytes, holders in self.counter.peak_live.values():
+        self.key_saving = {}
+        for key, (nbytes, holders) in self.counter.peak_live.items():
             tags = [t or OTHER for t in holders]
-            targets = [t for t in tags if t in self.targets]
-            others = sorted({t for t in tags if t not in self.targets})
+            targets = [t for t in tags if t in chosen]
+            others = sorted({t for t in tags if t not in chosen})
             drivers.append((" + ".join(sorted(set(tags))), nbytes))
             if not targets:
                 continue
             codes = {t: code_bytes(t, *self.layer_shapes.get(t, (0, 0))) for t in targets}
             saving = (nbytes if not others else 0) - sum(codes.values())
+            self.key_saving[key] = saving
             total_saving += saving
             if saving > 0:
                 a_plus += nbytes
@@ -178,6 +200,53 @@ class SurfaceRecorder:
             drivers=drivers[:top], layers=layers,
             increasing=sorted(n for n, layer in layers.items() if layer.saving_bytes <= 0),
         )
+
+
+    def saving_timeline(self) -> list[tuple[int, int]]:
+        """``(time_ns, Δ saving bytes)``: when each compressible storage starts and stops being held.
+
+        Call after :meth:`report` (which prices the storages). The running sum is the saving
+        STAC-R would make at that instant: what :func:`predict_total_peak_timeline` subtracts
+        from the measured total memory.
+        """
+        saving = getattr(self, "key_saving", None)
+        if saving is None:
+            raise RuntimeError("call report() first: it prices the storages the timeline adds up.")
+        out = []
+        for event in self.counter.events:
+            delta = saving.get(event.key, 0)
+            if delta and event.nbytes:  # first pack of a storage / its last free
+                out.append((event.time_ns, delta if event.kind == "pack" else -delta))
+        return out
+
+
+def predict_total_peak_timeline(memory_events: Sequence[tuple[int, int]], level: int, t0: int, t1: int,
+                                saving_events: Sequence[tuple[int, int]], optimizer_peak: int = 0) -> int:
+    """The total peak STAC-R would reach, from the measured timeline of one exact step.
+
+    Args:
+        memory_events: the allocator's ``(time_ns, signed bytes)`` events
+            (:attr:`~lit_lowrank.ops.peak_memory.PeakMemory.events`).
+        level: bytes allocated at ``t0``. t0 / t1: the forward + backward phase.
+        saving_events: ``(time_ns, Δ saving)`` from :meth:`SurfaceRecorder.saving_timeline`
+            recorded during the same phase.
+        optimizer_peak: the measured peak of the optimizer step (no activation alive).
+
+    Returns ``max(max_t (M(t) − s(t)), optimizer_peak)`` over the phase: the memory ``M`` at
+    every allocator event minus the saving ``s`` of the compressible storages alive then.
+    The transients of compression itself (the residual's fp32 copy, the top-k) are not in
+    it, so the measured peak can only be higher.
+    """
+    merged = sorted([(t, 0, b) for t, b in memory_events if t0 <= t <= t1]
+                    + [(t, 1, d) for t, d in saving_events], key=lambda e: (e[0], e[1]))
+    level_now, saving_now, best = level, 0, level
+    for _, kind, value in merged:
+        if kind == 0:
+            level_now += value
+        else:
+            saving_now += value
+        best = max(best, level_now - saving_now)
+    return max(best, optimizer_peak)
 
 
 def default_loss(model: nn.Module, batch: Any) -> Tensor:
@@ -230,3 +299,29 @@ def saved_surface(model: nn.Module, batch: Any, loss_fn: Callable[[nn.Module, An
         return compressed_nbytes(n, d, min(rank, d), residual_density, coef_dtype, basis_stored)
 
     return recorder.report(price)
+
+
+def predict_total_peak(activation_peak: int, optimizer_peak: int, saving: int) -> int:
+    """The total training peak STAC-R can reach, from an exact step measured in two phases.
+
+    Args:
+        activation_peak: bytes at the peak of forward + backward (parameters, optimizer state,
+            saved activations, gradients as they appear, transients).
+        optimizer_peak: bytes at the peak of the optimizer step (no activation is alive then;
+            0 when the step has no separate optimizer phase).
+        saving: bytes the codes free at the saved-activation peak (:attr:`SurfaceReport.saving_bytes`).
+
+    Returns ``max(activation_peak − saving, optimizer_peak)``: the saving can only lower the
+    phase whose peak holds the activations, and at most by ``saving`` (an optimistic
+    estimate when that peak falls in backward, after some activations are freed). A run
+    whose exact peak is the optimizer step gains nothing; a negative saving (codes that
+    outweigh what they free) raises the activation phase.
+
+    .. code-block:: python
+
+        predicted = predict_total_peak(a_peak, opt_peak, report.saving_bytes)
+        predicted_reduction = 1 - predicted / max(a_peak, opt_peak)
+    """
+    if min(activation_peak, optimizer_peak) < 0:
+        raise ValueError(f"peaks must be >= 0, got activation_peak={activation_peak}, optimizer_peak={optimizer_peak}.")
+    return max(activation_peak - saving, optimizer_peak)  # a negative saving (codes outweigh inputs) raises it

@@ -26,6 +26,7 @@ compressor's real footprint is what is measured (only the innermost
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -63,6 +64,7 @@ class SavedTensorEvent:
     nbytes: int
     tag: str | None      # who saved it (set through SavedTensorCounter.tag), None if untagged
     current: int         # bytes held right after the event
+    time_ns: int = 0     # time.time_ns() of the event (the clock of the profiler's events)
 
 
 def storage_key(tensor: Tensor) -> tuple[Any, ...]:
@@ -165,7 +167,7 @@ class SavedTensorCounter:
                 nbytes = 0
             keys.append(key)
             if self.record:
-                self.events.append(SavedTensorEvent("pack", key, nbytes, tag, self.current_bytes))
+                self.events.append(SavedTensorEvent("pack", key, nbytes, tag, self.current_bytes, time.time_ns()))
         if self.current_bytes > self.peak_bytes:
             self.peak_bytes = self.current_bytes
             if self.record:
@@ -186,7 +188,7 @@ class SavedTensorCounter:
                 self.current_bytes -= entry[1]
                 freed = entry[1]
             if self.record:
-                self.events.append(SavedTensorEvent("free", key, freed, tag, self.current_bytes))
+                self.events.append(SavedTensorEvent("free", key, freed, tag, self.current_bytes, time.time_ns()))
 
     # -- hooks -----------------------------------------------------------------------------------------------------
     def _pack(self, tensor: Tensor) -> Any:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import lightning.pytorch as pl
 import pytest
 import torch
@@ -10,7 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lit_lowrank.callbacks import STACR, STACRLinear, apply_stac_r
-from lit_lowrank.callbacks.stac_r import apply_checkpointing, galore_param_groups
+from lit_lowrank.callbacks.stac_r import apply_checkpointing, galore_param_groups, total_memory_warning
 from lit_lowrank.core import apply_loss_hooks
 from lit_lowrank.ops.saved_tensors import SavedTensorCounter, optimizer_state_bytes
 
@@ -53,9 +55,10 @@ def _fit(callback: STACR, module: pl.LightningModule, steps: int = 3, **kwargs) 
 
 def test_plain_module_fit_predicts_and_reduces_memory():
     torch.manual_seed(0)
-    callback = STACR(rank=4, residual_density=0.02, bridge_every=2)  # step 1 measured, step 2 diagnosed
+    # step 0 calibrates, 1 and 2 measure the total peak (exact, compressed), 3 is diagnosed, 4 measured
+    callback = STACR(rank=4, residual_density=0.02, bridge_every=3, measure_total=False)
     module = GeluUser()
-    trainer = _fit(callback, module)
+    trainer = _fit(callback, module, steps=5)
     assert all(isinstance(getattr(module, n), STACRLinear) for n in ("up", "down", "head"))
     metrics = trainer.callback_metrics
     exact, measured = float(metrics["method/stac_r/exact_peak_saved_mib"]), float(metrics["method/stac_r/saved_mib"])
@@ -64,8 +67,64 @@ def test_plain_module_fit_predicts_and_reduces_memory():
     assert callback.report["predicted_peak_bytes"] == callback.peak_saved_bytes
     assert 1 - measured / exact <= callback.report["ssp"] + 1e-12
     assert callback.report["increasing"] == []
-    cos, bound = float(metrics["method/stac_r/grad_cosine_mean"]), float(metrics["method/stac_r/bridge_cos_bound_mean"])
-    assert 0.9 < cos <= 1.0 and bound <= cos + 1e-6
+    assert 0.9 < float(metrics["method/stac_r/grad_cosine_mean"]) <= 1.0
+    assert "method/stac_r/total_reduction" not in metrics and callback.total == {}
+
+
+class WideUser(GeluUser):
+    """512-wide layers: with many rows per batch activations dominate, with two the optimizer step does."""
+
+    def __init__(self) -> None:
+        pl.LightningModule.__init__(self)
+        self.up, self.down, self.head = nn.Linear(32, 512), nn.Linear(512, 512), nn.Linear(512, 4)
+
+    def forward(self, x):
+        return self.head(F.gelu(self.down(F.gelu(self.up(x)))))
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)  # its state makes the optimizer step the floor
+
+
+def _wide_loader(rows: int) -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(rows * 4, 8, generator=g) @ torch.randn(8, 32, generator=g)
+    return DataLoader(TensorDataset(x, torch.randint(0, 4, (rows * 4,), generator=g)), batch_size=rows)
+
+
+def test_total_peak_is_measured_and_an_undelivered_saving_warns():
+    # many rows: activations dominate and the measured total peak falls as predicted
+    torch.manual_seed(0)
+    callback = STACR(rank=8, residual_density=0.0, bridge_every=0)
+    trainer = pl.Trainer(max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, accelerator="cpu", devices=1, callbacks=[callback])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # a delivered saving must not warn
+        warnings.filterwarnings("ignore", message=".*(num_workers|does not have many workers|Memory block).*")
+        trainer.fit(WideUser(), train_dataloaders=_wide_loader(2048))
+    ref, measured = callback.total["reference"], callback.total["measured"]
+    assert measured["peak"] < ref["peak"] and 0 < measured["reduction"] <= measured["predicted_reduction"] + 0.05
+    metrics = trainer.callback_metrics
+    assert float(metrics["method/stac_r/total_reduction"]) == pytest.approx(measured["reduction"])
+    assert float(metrics["method/stac_r/ssp"]) >= measured["reduction"]
+    # two rows: the optimizer step (parameters, gradients, AdamW state) sets the peak, nothing is delivered
+    torch.manual_seed(0)
+    callback = STACR(rank=8, residual_density=0.0, bridge_every=0)
+    trainer = pl.Trainer(max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, accelerator="cpu", devices=1, callbacks=[callback])
+    with pytest.warns(UserWarning, match="optimizer step"):
+        trainer.fit(WideUser(), train_dataloaders=_wide_loader(2))
+    assert callback.total["measured"]["reduction"] <= 0 < callback.total["measured"]["predicted_reduction"] + 1
+
+
+def test_total_memory_warning_text():
+    ref = {"activation_peak": 100 * 2**20, "optimizer_peak": 60 * 2**20, "peak": 100 * 2**20,
+           "predicted_peak": 70 * 2**20}
+    delivered = {"activation_peak": 72 * 2**20, "optimizer_peak": 60 * 2**20, "peak": 72 * 2**20}
+    assert total_memory_warning(ref, delivered) is None
+    floor = {"activation_peak": 95 * 2**20, "optimizer_peak": 99 * 2**20, "peak": 99 * 2**20}
+    assert "optimizer step" in total_memory_warning(ref, floor)
+    transient = {"activation_peak": 101 * 2**20, "optimizer_peak": 60 * 2**20, "peak": 101 * 2**20}
+    assert "-1.0% reduction" in total_memory_warning(ref, transient)
 
 
 def test_controls_track_freeze_or_refit_the_basis():
@@ -73,7 +132,7 @@ def test_controls_track_freeze_or_refit_the_basis():
     bases = {}
     for mode in ("tracked", "untracked", "svd", "random"):
         module = GeluUser()
-        callback = STACR(rank=4, residual_density=0.0, basis=mode, bridge_every=0)
+        callback = STACR(rank=4, residual_density=0.0, basis=mode, bridge_every=0, measure_total=False)
         _fit(callback, module, steps=1)
         first = None if module.up.stac_r_basis is None else module.up.stac_r_basis.clone()
         trainer = pl.Trainer(max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -88,7 +147,7 @@ def test_controls_track_freeze_or_refit_the_basis():
 
 def test_resume_keeps_the_bases(tmp_path):
     torch.manual_seed(0)
-    callback = STACR(rank=4, residual_density=0.02, bridge_every=0)
+    callback = STACR(rank=4, residual_density=0.02, bridge_every=0, measure_total=False)
     trainer = _fit(callback, GeluUser(), steps=2)
     path = tmp_path / "mid.ckpt"
     trainer.save_checkpoint(path)
@@ -102,7 +161,7 @@ def test_resume_keeps_the_bases(tmp_path):
             if not seen:
                 seen.update({n: getattr(pl_module, n).stac_r_basis.clone() for n in saved})
 
-    resumed_cb = STACR(rank=4, residual_density=0.02, bridge_every=0)
+    resumed_cb = STACR(rank=4, residual_density=0.02, bridge_every=0, measure_total=False)
     resumed = pl.Trainer(max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, callbacks=[resumed_cb, Probe()])
     resumed.fit(GeluUser(), train_dataloaders=_loader(), ckpt_path=path)
@@ -117,7 +176,7 @@ def test_memory_increasing_layers_are_named_and_can_be_skipped():
             return self.head(self.down(torch.relu(self.up(x))))
 
     torch.manual_seed(0)
-    callback = STACR(rank=4, residual_density=0.02, skip_increasing=True, bridge_every=0)
+    callback = STACR(rank=4, residual_density=0.02, skip_increasing=True, bridge_every=0, measure_total=False)
     module = ReluUser()
     with pytest.warns(UserWarning, match=r"\['down'\]"):
         _fit(callback, module)
@@ -138,7 +197,7 @@ def test_surgery_is_idempotent_and_keeps_state_dict_keys():
 
 def test_errors_name_the_parameter():
     with pytest.raises(ValueError, match="rank"):
-        apply_stac_r(GeluUser(), target=["head"], rank=32)
+        apply_stac_r(GeluUser(), target=["head"], rank=33)  # rank = in_features (32) is the no-compression control
     with pytest.raises(ValueError, match="target"):
         apply_stac_r(GeluUser(), target="nothing")
     with pytest.raises(ValueError, match="basis"):
@@ -151,10 +210,10 @@ def test_errors_name_the_parameter():
 
 def test_generic_hook_path_codes_other_saved_tensors():
     torch.manual_seed(0)
-    linear_only = STACR(rank=4, residual_density=0.02, bridge_every=0)
+    linear_only = STACR(rank=4, residual_density=0.02, bridge_every=0, measure_total=False)
     _fit(linear_only, GeluUser())
     torch.manual_seed(0)
-    generic = STACR(rank=4, residual_density=0.02, bridge_every=0, saved_tensor_min_numel=1000)
+    generic = STACR(rank=4, residual_density=0.02, bridge_every=0, saved_tensor_min_numel=1000, measure_total=False)
     _fit(generic, GeluUser())
     assert generic.peak_saved_bytes < linear_only.peak_saved_bytes  # GELU's saved input is coded too
     assert generic.state_dict()["hook_bases"]  # its tracked bases are callback state as well

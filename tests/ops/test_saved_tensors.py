@@ -110,3 +110,31 @@ def test_counter_agrees_with_torch_profiler():
         loss.backward()
     net = sum(e.cpu_memory_usage for e in prof.events() if e.cpu_parent is None)
     assert held == net - loss.numel() * loss.element_size() == 4 * 64 * (16 + 32 + 32 + 8)
+
+
+def test_report_prices_any_subset_and_the_saving_timeline_adds_up():
+    from lit_lowrank.ops.saved_surface import SurfaceRecorder, predict_total_peak_timeline
+
+    torch.manual_seed(0)
+    model = _Shared()
+    x = torch.randn(256, 8)
+    targets = {n: getattr(model, n) for n in ("inp", "lonely", "shared")}
+    with SurfaceRecorder(model, targets) as recorder:
+        model(x).square().mean().backward()
+
+    def price(name, n, d):
+        return compressed_nbytes(n, d, 4, 0.01)
+
+    both = recorder.report(price, subset=["lonely", "shared"])
+    assert both.layers["shared"].saving_bytes == 256 * 64 * 4 - compressed_nbytes(256, 64, 4, 0.01)
+    only_inp = recorder.report(price, subset=["inp"])
+    assert set(only_inp.layers) == {"inp"}  # the others now hold their inputs like any other op
+    timeline = recorder.saving_timeline()  # of the last report: inp's input (x) saved, then freed in backward
+    assert sum(d for _, d in timeline) == 0 and max(d for _, d in timeline) == only_inp.layers["inp"].saving_bytes
+    # memory that rises while the saving is on and falls after it: the prediction subtracts the saving there
+    (t_on, saving), (t_off, _) = sorted(timeline)
+    memory = [(t_on + 1, 10 * saving), (t_off - 1, -10 * saving)]
+    assert predict_total_peak_timeline(memory, 0, t_on - 5, t_off + 5, timeline) == 9 * saving
+    assert predict_total_peak_timeline(memory, 0, t_on - 5, t_off + 5, timeline, optimizer_peak=10 * saving) \
+        == 10 * saving  # the optimizer step's floor
+    assert predict_total_peak_timeline(memory, 0, t_on - 5, t_off + 5, []) == 10 * saving
