@@ -174,7 +174,7 @@ def self_distillation_set(model: torch.nn.Module, tokenizer: Any, corpus: str = 
     ids = chat_prompt_ids(tokenizer, texts)
     probe = next(model.parameters())
     key = hashlib.sha1(json.dumps({"ids": ids, "max_new": max_new_tokens, "config": model.config.to_dict(),
-                                   "weights": float(probe.double().sum())}, sort_keys=True, default=str).encode())
+                                   "weights": float(probe.detach().double().sum())}, sort_keys=True, default=str).encode())
     root = Path(cache_dir) if cache_dir is not None else _cache_root() / "drafter-distill"
     path = root / f"{corpus}-{split}-{len(ids)}-{max_new_tokens}-{key.hexdigest()[:12]}.pt"
     if path.is_file():

@@ -369,7 +369,7 @@ class MedusaDrafter(Drafter):
         w = self.heads.heads[0].weight
         probs = torch.softmax(self.heads(request.features[-1].to(w.dtype)).float(), -1)  # (D, V)
         top = probs.topk(min(self.topk, probs.shape[-1]), -1)
-        cand_tok, cand_p = top.indices.tolist(), top.values.tolist()
+        cand_tok, cand_p = self.heads.draft_vocab[top.indices].tolist(), top.values.tolist()
         depth_max = len(cand_tok)
         heap: list[tuple[float, int, int, int, int, float]] = []  # (-value, tie, depth, rank, parent, value)
         counter = 0
