@@ -179,6 +179,19 @@ class TargetLM:
         logits = out.logits[0]
         return (logits[-1:] if last_only else logits), out.hidden_states[-1][0]
 
+    @torch.no_grad()
+    def hidden(self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor | None, cache: Any) -> Tensor:
+        """The decoder's last hidden states ``(N, H)`` of ``input_ids`` ``(N,)`` (no LM head; extends ``cache``).
+
+        For drafters that apply their own (e.g. reduced-vocabulary) head; needs a model with a plain head.
+        """
+        if not self._split:
+            raise RuntimeError(f"TargetLM.hidden: {type(self.model).__name__} scales or caps its logits; "
+                               "use forward().")
+        mask = None if attention_mask is None else additive_mask(attention_mask, self.dtype)
+        return self.decoder(input_ids=input_ids[None], position_ids=position_ids[None], attention_mask=mask,
+                            cache=cache, use_cache=True).last_hidden_state[0]
+
     def start(self, input_ids: Tensor, all_logits: bool = False) -> tuple[Tensor, Tensor]:
         """Reset the cache and prefill ``input_ids`` ``(T,)``.
 
