@@ -36,9 +36,9 @@ import torch
 from lit_lowrank.benchmarks._decoding_peers import decode_rate, engine_decode, first_divergence, hf_generate
 from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, paired
 
-QUICK = dict(prompts_per_domain=3, max_new=56, window=64, grid=(0.2, 0.35, 0.5), calib_prompts=2, calib_new=32,
+QUICK = dict(prompts_per_domain=3, max_new=56, window=64, grid=(0.05, 0.1, 0.2), calib_prompts=2, calib_new=32,
              bo_budget=8, bo_init=4, val_new=32, control_new=16)
-FULL = dict(prompts_per_domain=16, max_new=96, window=64, grid=(0.15, 0.25, 0.35, 0.45, 0.55), calib_prompts=4,
+FULL = dict(prompts_per_domain=16, max_new=96, window=64, grid=(0.05, 0.1, 0.15, 0.2, 0.3), calib_prompts=4,
             calib_new=48, bo_budget=16, bo_init=6, val_new=48, control_new=32)
 DRAFT_VOCAB = 8192
 PAPER = ("SPIRIT consistently outperforms strong training-free baselines and achieves up to 1.74x speedup while "
