@@ -50,7 +50,7 @@ def settings_key(name: str) -> str:
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
-def train_drafter(name: str) -> tuple[torch.nn.Module, dict[str, float]]:
+def train_drafter(name: str, callbacks: list[Any] | None = None) -> tuple[torch.nn.Module, dict[str, float]]:
     """Fit drafter ``name`` with Lightning (the ``lit-lowrank fit`` recipe); returns the network and train info."""
     import functools
 
@@ -69,7 +69,8 @@ def train_drafter(name: str) -> tuple[torch.nn.Module, dict[str, float]]:
     data = SelfDistillDataModule(**DATA)
     trainer = pl.Trainer(max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, accelerator="cpu", devices=1, gradient_clip_val=1.0,
-                         num_sanity_val_steps=0, val_check_interval=steps, check_val_every_n_epoch=None)
+                         num_sanity_val_steps=0, val_check_interval=steps, check_val_every_n_epoch=None,
+                         callbacks=callbacks)
     start = time.perf_counter()
     trainer.fit(module, datamodule=data)
     info = {"train_seconds": time.perf_counter() - start, "steps": steps}
@@ -77,7 +78,7 @@ def train_drafter(name: str) -> tuple[torch.nn.Module, dict[str, float]]:
     return module.drafter.eval(), info
 
 
-def trained_drafter(name: str) -> tuple[torch.nn.Module, dict[str, Any]]:
+def trained_drafter(name: str, callbacks: list[Any] | None = None) -> tuple[torch.nn.Module, dict[str, Any]]:
     """Drafter ``name`` from the cache, trained and cached first if absent; ``(network, info)``.
 
     ``info`` holds the training time (``train_seconds``, wall, of the run that made the cache) and
@@ -94,7 +95,7 @@ def trained_drafter(name: str) -> tuple[torch.nn.Module, dict[str, Any]]:
         net = cls(**blob["config"])
         net.load_state_dict(blob["state_dict"])
         return net.eval(), dict(blob["info"], cached=True)
-    net, info = train_drafter(name)
+    net, info = train_drafter(name, callbacks)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     torch.save({"config": net.config, "state_dict": net.state_dict(), "info": info}, tmp)

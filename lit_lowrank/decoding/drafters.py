@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -100,6 +101,53 @@ class _ContextCache:
         return cols >= root - self.net.context_window
 
 
+class _DraftVocabulary:
+    """The draft head's rows: the net's draft vocabulary, plus the sequence's prompt tokens when allowed.
+
+    A reduced draft vocabulary (EAGLE-3 / FR-Spec) cannot propose the names and rare words an
+    answer copies from its prompt. When the net's head is the target's own frozen rows (EAGLE's
+    recipe), the rows of the prompt's tokens are the target's too, so they are appended for the
+    sequence (its first request): the same head, over the static ids plus the context's ids.
+    Verification uses the target's full vocabulary, so this only changes what can be drafted.
+    """
+
+    def __init__(self, net: BlockDrafterNet, extend: bool) -> None:
+        self.net, self.extend = net, extend
+        self.reset()
+
+    def reset(self) -> None:
+        self.ids: Tensor | None = None
+        self.rows: Tensor | None = None
+
+    def _head_is_targets(self, target: Any) -> bool:
+        """Whether the net's head rows are exactly the target's (checked per sequence: an update may train it)."""
+        head = getattr(target, "head", None)
+        if head is None:
+            return False
+        mine = self.net.head.weight
+        rows = head.weight[self.net.draft_vocab.to(head.weight.device)]
+        return rows.shape == mine.shape and torch.equal(rows.to(mine), mine)
+
+    def prepare(self, request: DraftRequest) -> None:
+        """Build the sequence's vocabulary at its first request."""
+        if self.ids is not None:
+            return
+        self.ids, self.rows = self.net.draft_vocab, self.net.head.weight
+        if not self.extend or not self._head_is_targets(request.target):
+            return
+        seen = torch.zeros(self.net.vocab_size, dtype=torch.bool, device=self.ids.device)
+        seen[request.tokens.to(seen.device)] = True
+        seen[self.ids] = False
+        extra = torch.nonzero(seen).flatten()
+        if extra.numel():
+            self.ids = torch.cat([self.ids, extra])
+            self.rows = torch.cat([self.rows, request.target.head.weight[extra.to(self.rows.device)].to(self.rows)])
+
+    def logits(self, g: Tensor) -> Tensor:
+        """Logits ``(..., V')`` of output hidden states ``g`` over the sequence's draft vocabulary."""
+        return self.net.norm(g) @ self.rows.T
+
+
 class EagleDrafter(Drafter):
     """EAGLE-style autoregressive feature drafter with a dynamic top-k tree (the main baseline).
 
@@ -111,25 +159,30 @@ class EagleDrafter(Drafter):
         net: a :class:`BlockDrafterNet` (trained with ``block_size=1`` for a faithful baseline).
         depth: tree depth = drafter forwards per round.
         topk: children per expanded node and nodes expanded per depth.
+        extend_vocab: add the sequence's prompt tokens to a reduced draft vocabulary when the
+            net's head is the target's frozen rows (see :class:`_DraftVocabulary`).
 
     .. code-block:: python
 
         drafter = EagleDrafter(net, depth=6, topk=4)
     """
 
-    def __init__(self, net: BlockDrafterNet, depth: int = 6, topk: int = 4) -> None:
+    def __init__(self, net: BlockDrafterNet, depth: int = 6, topk: int = 4, extend_vocab: bool = True) -> None:
         if depth < 1 or topk < 1:
             raise ValueError(f"EagleDrafter: depth and topk must be >= 1, got depth={depth}, topk={topk}.")
         self.net, self.depth, self.topk = net.eval(), depth, topk
         self.context = _ContextCache(self.net)
+        self.vocab = _DraftVocabulary(self.net, extend_vocab)
 
     def reset(self) -> None:
         self.context.reset()
+        self.vocab.reset()
 
     @torch.no_grad()
     def draft(self, request: DraftRequest) -> DraftTree:
         net, device = self.net, request.tokens.device
-        ctx = self.context
+        ctx, vocab = self.context, self.vocab
+        vocab.prepare(request)
         h, idx, mask = ctx.new_items(request)
         g, kv = net.run(h[None], idx, mask, ctx.kv)
         root = int(idx[-1])
@@ -143,9 +196,9 @@ class EagleDrafter(Drafter):
         slots: list[list[int]] = []  # drafter-cache slots of a node's processed ancestors (itself once processed)
 
         def add_children(par: int, g_out: Tensor, base: float) -> list[int]:
-            logp = torch.log_softmax(net.logits(g_out).float(), -1)
+            logp = torch.log_softmax(vocab.logits(g_out).float(), -1)
             top = logp.topk(min(self.topk, logp.numel()))
-            ids = net.draft_vocab[top.indices].tolist()
+            ids = vocab.ids[top.indices].tolist()
             new = []
             for t, lp in zip(ids, top.values.tolist()):
                 tok.append(t), parent.append(par), score.append(base + lp), src.append(g_out)
@@ -208,6 +261,8 @@ class SpecBlockDrafter(Drafter):
             buckets cover ranks up to 8).
         use_rank_head: branch by the rank head's acceptance estimate; ``False`` (ablation,
             and what a net without a rank head uses) branches by the draft probabilities.
+        extend_vocab: add the sequence's prompt tokens to a reduced draft vocabulary when the
+            net's head is the target's frozen rows (see :class:`_DraftVocabulary`).
 
     .. code-block:: python
 
@@ -216,7 +271,7 @@ class SpecBlockDrafter(Drafter):
     """
 
     def __init__(self, net: BlockDrafterNet, blocks: int = 2, expand: int = 4, max_branch: int = 8,
-                 use_rank_head: bool = True) -> None:
+                 use_rank_head: bool = True, extend_vocab: bool = True) -> None:
         if blocks < 1 or expand < 1 or max_branch < 1:
             raise ValueError(f"SpecBlockDrafter: blocks, expand, max_branch must be >= 1, got {blocks}, {expand}, "
                              f"{max_branch}.")
@@ -225,25 +280,28 @@ class SpecBlockDrafter(Drafter):
         self.net, self.blocks, self.expand, self.max_branch = net.eval(), blocks, expand, max_branch
         self.use_rank_head = use_rank_head and net.rank_head is not None
         self.context = _ContextCache(self.net)
+        self.vocab = _DraftVocabulary(self.net, extend_vocab)
 
     def _block_from_outputs(self, g: Tensor, slots: list[int], visible: list[int], depth0: int) -> _Block:
         net = self.net
-        logits = net.logits(g).float()  # (K, Vd)
+        logits = self.vocab.logits(g).float()  # (K, Vd)
         top = logits.topk(min(self.max_branch, logits.shape[-1]), -1)
         if self.use_rank_head:
             acc = rank_probabilities(torch.softmax(net.bucket_logits(g).float(), -1))[:, : top.indices.shape[1]]
         else:
             acc = torch.softmax(logits, -1).gather(-1, top.indices)
-        return _Block(g, net.draft_vocab[top.indices].tolist(), acc.tolist(), slots, visible, depth0)
+        return _Block(g, self.vocab.ids[top.indices].tolist(), acc.tolist(), slots, visible, depth0)
 
     def reset(self) -> None:
         self.context.reset()
+        self.vocab.reset()
 
     @torch.no_grad()
     def draft(self, request: DraftRequest) -> DraftTree:
         net, device = self.net, request.tokens.device
         k = net.block_size
         ctx = self.context
+        self.vocab.prepare(request)
         # block 1 in the same forward as the context update: the new context items (the root's item last),
         # then K - 1 placeholders continuing the root's item (block position 1)
         h, idx, ctx_mask = ctx.new_items(request)

@@ -207,3 +207,24 @@ def test_top_n_draft_vocabulary_comes_from_the_datamodule(tmp_path):
     assert all(h.weight.requires_grad for h in medusa.drafter.heads)  # Medusa trains its heads
     with pytest.raises(ValueError, match="top:N"):
         DrafterDistillModule(model_config=TINY, vocab_size=23, draft_vocab="top:99")
+
+
+def test_prompt_tokens_extend_a_frozen_target_head_vocabulary():
+    """With the target's own rows as the head, the prompt's ids join a reduced draft vocabulary (lossless)."""
+    model = tiny_target()
+    target = TargetLM(model)
+    torch.manual_seed(0)
+    net = BlockDrafterNet(32, 23, block_size=2, num_heads=4, draft_vocab_size=5).double().eval()
+    net.set_draft_vocab(torch.tensor([0, 1, 2, 3, 4]))
+    net.init_head_from(model.lm_head.weight)
+    prompt = torch.tensor([9, 17, 21, 9, 2])
+    ref, _ = plain_decode(target, prompt, max_new_tokens=12)
+    for drafter in (SpecBlockDrafter(net, blocks=2, expand=2, max_branch=3), EagleDrafter(net, depth=2, topk=2)):
+        out, _ = SpeculativeDecoder(target, drafter, budget=6).generate(prompt, max_new_tokens=12)
+        assert torch.equal(out, ref)
+        assert drafter.vocab.ids.tolist()[:5] == [0, 1, 2, 3, 4] and {9, 17, 21} <= set(drafter.vocab.ids.tolist())
+    with torch.no_grad():
+        net.head.weight.add_(0.1)  # a trained head: its rows are no longer the target's -> no extension
+    drafter = SpecBlockDrafter(net, blocks=2, expand=2, max_branch=3)
+    SpeculativeDecoder(target, drafter, budget=6).generate(prompt, max_new_tokens=4)
+    assert drafter.vocab.ids.tolist() == [0, 1, 2, 3, 4]
