@@ -14,6 +14,7 @@ from lit_lowrank.decoding.engine import (
     plain_decode,
     skip_decoder_layers,
 )
+from lit_lowrank.decoding.reference_drafters import OracleDrafter, RandomDrafter
 from lit_lowrank.decoding.spirit import (
     AgreementSearchDrafter,
     LayerSkipDrafter,
@@ -36,6 +37,7 @@ from lit_lowrank.decoding.stable_rank import (
 __all__ = [
     "BanditAdaptiveDrafter", "DecodeStats", "DraftRequest", "DraftTree", "Drafter", "EagleDrafter", "MedusaDrafter",
     "RoundFeedback", "SpecBlockDrafter", "SpeculativeDecoder", "TargetLM", "plain_decode", "skip_decoder_layers",
+    "OracleDrafter", "RandomDrafter",
 ]
 __all__ += ["BestOfNResult", "ResponseScorer", "StableRankReward", "best_of_n", "evaluate_pairs", "pairwise_accuracy"]
 __all__ += ["AgreementSearchDrafter", "LayerSkipDrafter", "OfflineBayesDrafter", "SpiritDrafter",

@@ -145,7 +145,7 @@ class _DraftVocabulary:
 
     def logits(self, g: Tensor) -> Tensor:
         """Logits ``(..., V')`` of output hidden states ``g`` over the sequence's draft vocabulary."""
-        return self.net.norm(g) @ self.rows.T
+        return self.net.head_input(g) @ self.rows.T
 
 
 class EagleDrafter(Drafter):

@@ -12,7 +12,7 @@ drafter only (the frozen target is rebuilt from the hyperparameters).
 
 .. code-block:: bash
 
-    lit-lowrank fit --config configs/language_model/specblock_smollm2.yaml
+    lit-lowrank fit --config configs/language_model/real/specblock_smollm2.yaml
 
 .. code-block:: python
 

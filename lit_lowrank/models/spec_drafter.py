@@ -167,6 +167,9 @@ class BlockDrafterNet(nn.Module):
         context_window: committed positions before the root a drafter attends to.
         feature_loss_weight: weight of the smooth-L1 regression of ``g`` onto the target features.
         rope_theta: rotary base.
+        head_norm: an RMSNorm before the LM head. With features taken after the target's final
+            norm (as here) and the target's head frozen, ``False`` keeps the logits at the target's
+            scale (a fresh norm would flatten them by the features' RMS).
 
     .. code-block:: python
 
@@ -178,7 +181,8 @@ class BlockDrafterNet(nn.Module):
     def __init__(self, hidden_size: int, vocab_size: int, block_size: int = 4, num_layers: int = 1,
                  num_heads: int = 4, intermediate_size: int | None = None, layer_shift: bool = True,
                  rank_head: bool = True, valid_prefix: bool = True, draft_vocab_size: int | None = None,
-                 context_window: int = 16, feature_loss_weight: float = 0.5, rope_theta: float = 10000.0) -> None:
+                 context_window: int = 16, feature_loss_weight: float = 0.5, rope_theta: float = 10000.0,
+                 head_norm: bool = True) -> None:
         super().__init__()
         if block_size < 1:
             raise ValueError(f"`block_size` must be >= 1, got {block_size}.")
@@ -188,10 +192,10 @@ class BlockDrafterNet(nn.Module):
                            num_layers=num_layers, num_heads=num_heads, intermediate_size=intermediate_size,
                            layer_shift=layer_shift, rank_head=rank_head, valid_prefix=valid_prefix,
                            draft_vocab_size=draft_vocab_size, context_window=context_window,
-                           feature_loss_weight=feature_loss_weight, rope_theta=rope_theta)
+                           feature_loss_weight=feature_loss_weight, rope_theta=rope_theta, head_norm=head_norm)
         self.block_size, self.context_window = block_size, context_window
         self.valid_prefix, self.feature_loss_weight = valid_prefix, feature_loss_weight
-        self.vocab_size = vocab_size
+        self.vocab_size, self.head_norm = vocab_size, head_norm
         self.fc = nn.Linear(2 * hidden_size, hidden_size, bias=False)
         self.placeholders = nn.Parameter(torch.randn(max(block_size - 1, 0), hidden_size) * 0.02)
         self.layers = nn.ModuleList(
@@ -241,9 +245,14 @@ class BlockDrafterNet(nn.Module):
             kv.append(layer_kv)
         return h, kv
 
+    def head_input(self, g: Tensor) -> Tensor:
+        """What the LM head reads: ``norm(g)``, or ``g`` itself with ``head_norm=False`` (``g`` imitates the
+        target's features, which are already after its final norm: the target's head applies to them as is)."""
+        return self.norm(g) if self.head_norm else g
+
     def logits(self, g: Tensor) -> Tensor:
         """Draft-vocabulary logits of output hidden states ``g``."""
-        return self.head(self.norm(g))
+        return self.head(self.head_input(g))
 
     def bucket_logits(self, g: Tensor) -> Tensor | None:
         """Rank-head logits over the rank buckets (``None`` without a rank head)."""
