@@ -23,7 +23,8 @@ import torch
 #: Training data of every drafter (SelfDistillDataModule arguments).
 DATA: dict[str, Any] = dict(target="smollm2", corpus="lee+text8", prompts=96, val_prompts=16, max_new_tokens=96,
                             seq_len=64, batch_size=4, seed=0)
-_LAYER = dict(num_layers=1, num_heads=9, intermediate_size=1536, context_window=16, head_norm=False)  # one SmolLM2-sized decoder layer
+# one SmolLM2-sized decoder layer; its head reads the features as the target's head does (no fresh norm)
+_LAYER = dict(num_layers=1, num_heads=9, intermediate_size=1536, context_window=16, head_norm=False)
 #: DrafterDistillModule arguments per drafter (sized as in their papers relative to the target).
 DRAFTERS: dict[str, dict[str, Any]] = {
     "eagle": dict(architecture="block", draft_vocab="top:4096",

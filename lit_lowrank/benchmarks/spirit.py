@@ -150,7 +150,8 @@ def _run(cfg: dict[str, Any], seed: int) -> BenchmarkResult:
         "spirit_windows": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in h.items()
                             if k in ("window", "tokens_seen", "ratio", "speed", "tau", "phase")}
                            for h in spirit.history],
-        "profile": {"intercept_ms": round(1e3 * profile.intercept, 3), "slope_us_per_token": round(1e6 * profile.slope, 3)},
+        "profile": {"intercept_ms": round(1e3 * profile.intercept, 3),
+                    "slope_us_per_token": round(1e6 * profile.slope, 3)},
         "seconds": {"total_before_test": round(t1 - t_start, 1), "offline_tuning": round(tuning_seconds, 1),
                     "test": round(test_seconds, 1)},
     }

@@ -173,8 +173,9 @@ def self_distillation_set(model: torch.nn.Module, tokenizer: Any, corpus: str = 
     texts = instruction_prompts(corpus, split, prompts, words, seed)
     ids = chat_prompt_ids(tokenizer, texts)
     probe = next(model.parameters())
-    key = hashlib.sha1(json.dumps({"ids": ids, "max_new": max_new_tokens, "config": model.config.to_dict(),
-                                   "weights": float(probe.detach().double().sum())}, sort_keys=True, default=str).encode())
+    fingerprint = {"ids": ids, "max_new": max_new_tokens, "config": model.config.to_dict(),
+                   "weights": float(probe.detach().double().sum())}
+    key = hashlib.sha1(json.dumps(fingerprint, sort_keys=True, default=str).encode())
     root = Path(cache_dir) if cache_dir is not None else _cache_root() / "drafter-distill"
     path = root / f"{corpus}-{split}-{len(ids)}-{max_new_tokens}-{key.hexdigest()[:12]}.pt"
     if path.is_file():

@@ -120,7 +120,8 @@ class DrafterDistillModule(pl.LightningModule):
         self._vocab_from_data = ids is None and size is not None
         drafter_kwargs = dict(drafter or {})
         if "draft_vocab_size" in drafter_kwargs:
-            raise ValueError("DrafterDistillModule: set the draft vocabulary with `draft_vocab`, not drafter.draft_vocab_size.")
+            raise ValueError("DrafterDistillModule: set the draft vocabulary with `draft_vocab`, "
+                             "not drafter.draft_vocab_size.")
         drafter_kwargs["draft_vocab_size"] = size
         net_cls = MedusaHeads if architecture == "medusa" else BlockDrafterNet
         self.drafter = net_cls(cfg.hidden_size, cfg.vocab_size, **drafter_kwargs)

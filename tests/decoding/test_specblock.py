@@ -9,7 +9,14 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from lit_lowrank.decoding import DraftRequest, EagleDrafter, SpecBlockDrafter, SpeculativeDecoder, TargetLM, plain_decode
+from lit_lowrank.decoding import (
+    DraftRequest,
+    EagleDrafter,
+    SpecBlockDrafter,
+    SpeculativeDecoder,
+    TargetLM,
+    plain_decode,
+)
 from lit_lowrank.decoding.reference_drafters import OracleDrafter, RandomDrafter
 from lit_lowrank.decoding.training import DrafterDistillModule, target_feature_cache
 from lit_lowrank.models.spec_drafter import BlockDrafterNet, block_training_layout
