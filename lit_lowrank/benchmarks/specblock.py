@@ -51,7 +51,8 @@ PAPER_ENGINE = ("(engine design target, issue #25) an oracle 4-token chain >= 2.
                 "plain_decode >= 0.95x generate")
 
 
-def _drafter_factories(vocab_size: int) -> dict[str, Callable[[int], Any]]:
+def _drafter_factories() -> tuple[dict[str, Callable[[int], Any]], dict[str, dict[str, Any]]]:
+    """Budget -> drafter builders for the three trained drafters, and their training info."""
     from lit_lowrank.benchmarks._spec_drafters import trained_drafter
     from lit_lowrank.decoding import EagleDrafter, MedusaDrafter, SpecBlockDrafter
 
@@ -84,7 +85,7 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
         val = [torch.tensor(p) for p in chat_prompt_ids(tokenizer, instruction_prompts("lee", "val",
                                                                                         cfg["val_prompts"]))]
         t0 = time.perf_counter()
-        factories, train_info = _drafter_factories(model.config.vocab_size)
+        factories, train_info = _drafter_factories()
         drafter_seconds = time.perf_counter() - t0
 
         def gen(**kw: Any) -> Callable[[torch.Tensor, int], dict[str, Any]]:
