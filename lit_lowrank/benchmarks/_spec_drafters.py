@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 #: Training data of every drafter (SelfDistillDataModule arguments).
-DATA: dict[str, Any] = dict(target="smollm2", corpus="lee+text8", prompts=96, val_prompts=16, max_new_tokens=96,
+DATA: dict[str, Any] = dict(target="smollm2", corpus="lee", prompts=96, val_prompts=16, max_new_tokens=96,
                             seq_len=64, batch_size=4, seed=0)
 # one SmolLM2-sized decoder layer; its head reads the features as the target's head does (no fresh norm)
 _LAYER = dict(num_layers=1, num_heads=9, intermediate_size=1536, context_window=16, head_norm=False)
