@@ -145,8 +145,8 @@ register_method(MethodSpec(
 ))
 register_method(MethodSpec(
     "specblock", "SpecBlock block-iterative speculative-decoding drafter", "engine", ("language_model",), 9,
-    component="lit_lowrank.decoding.SpecBlockDrafter", config="configs/language_model/specblock_smollm2.yaml",
-    baseline_config="configs/language_model/specblock_eagle_smollm2.yaml", benchmark="specblock",
+    component="lit_lowrank.decoding.SpecBlockDrafter", config="configs/language_model/real/specblock_smollm2.yaml",
+    baseline_config="configs/language_model/real/eagle_smollm2.yaml", benchmark="specblock",
 ))
 register_method(MethodSpec(
     "nn_qst", "Neural-network quantum state tomography, max-sliced W1", "engine", ("tomography",), 19,

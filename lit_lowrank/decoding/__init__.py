@@ -10,6 +10,7 @@ from lit_lowrank._lazy import lazy_exports
 if TYPE_CHECKING:  # static analysers and IDEs see the real names
     from lit_lowrank.decoding.adaptive import BanditAdaptiveDrafter
     from lit_lowrank.decoding.drafters import EagleDrafter, MedusaDrafter, SpecBlockDrafter
+    from lit_lowrank.decoding.reference_drafters import OracleDrafter, RandomDrafter
     from lit_lowrank.decoding.engine import (
         DecodeStats,
         Drafter,
@@ -41,6 +42,8 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
     )
 
 _EXPORTS = {
+    'OracleDrafter': 'lit_lowrank.decoding.reference_drafters',
+    'RandomDrafter': 'lit_lowrank.decoding.reference_drafters',
     'BanditAdaptiveDrafter': 'lit_lowrank.decoding.adaptive',
     'EagleDrafter': 'lit_lowrank.decoding.drafters',
     'MedusaDrafter': 'lit_lowrank.decoding.drafters',
@@ -71,6 +74,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "OracleDrafter", "RandomDrafter",
     "BanditAdaptiveDrafter", "DecodeStats", "DraftRequest", "DraftTree", "Drafter", "EagleDrafter", "MedusaDrafter",
     "RoundFeedback", "SpecBlockDrafter", "SpeculativeDecoder", "TargetLM", "plain_decode", "skip_decoder_layers",
 ]

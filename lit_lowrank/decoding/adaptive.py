@@ -185,3 +185,4 @@ class BanditAdaptiveDrafter(Drafter):
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
                 opt.step()
         net.eval().requires_grad_(False)
+        self.drafter.reset()  # its KV cache over the context was computed with the old weights

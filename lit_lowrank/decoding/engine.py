@@ -44,11 +44,11 @@ import torch
 from torch import Tensor, nn
 
 from lit_lowrank.ops.speculative import (
+    TreeLayout,
+    accept_greedy,
+    accept_sampling,
     additive_mask,
-    greedy_tree_accept,
-    sampling_tree_accept,
-    tree_attention_mask,
-    tree_position_ids,
+    tree_layout,
 )
 
 
@@ -83,8 +83,23 @@ def skip_decoder_layers(model: nn.Module, skip: set[int] | None) -> Iterator[Non
         decoder.layers = layers
 
 
+def _plain_head(model: nn.Module) -> bool:
+    """Whether ``model``'s logits are exactly ``lm_head(decoder(x).last_hidden_state)`` (no scale or cap)."""
+    cfg = getattr(model, "config", None)
+    for name in ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale"):
+        value = getattr(cfg, name, None)
+        if value not in (None, 1, 1.0):
+            return False
+    return callable(getattr(model, "get_decoder", None)) and callable(getattr(model, "get_output_embeddings", None))
+
+
 class TargetLM:
     """The verifier: a transformers causal LM with a KV cache it manages for one sequence.
+
+    Runs the decoder and the LM head separately where the model allows (Llama, Mistral, Qwen,
+    SmolLM, ...: logits are ``lm_head(last hidden state)``), so logits are computed only where
+    they are needed: the last prompt position at prefill, every node of a verified tree.
+    The vocabulary head is a large share of a small LM's weights (SmolLM2-135M: ~21%).
 
     Args:
         model: a transformers ``*ForCausalLM`` (put in eval mode; gradients are off here).
@@ -92,13 +107,18 @@ class TargetLM:
     .. code-block:: python
 
         target = TargetLM(model)
-        logits, hidden = target.start(prompt_ids)             # (T, V), (T, H)
-        logits, hidden = target.extend(tokens, parents)       # tree verify after the prefix
+        logits, hidden = target.start(prompt_ids)             # (1, V) last position, (T, H)
+        logits, hidden = target.extend(tokens, parents)       # tree verify after the prefix: (N, V), (N, H)
         target.keep([0, 2, 5])                                 # keep the accepted path only
     """
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model.eval()
+        self._split = _plain_head(model)
+        self.decoder = model.get_decoder() if self._split else None
+        self.head = model.get_output_embeddings() if self._split else None
+        if self._split and (self.decoder is None or self.head is None):
+            self._split, self.decoder, self.head = False, None, None
         self.cache: Any = None
         self._pending = 0
 
@@ -112,7 +132,7 @@ class TargetLM:
 
     @property
     def length(self) -> int:
-        """Tokens in the cache (the committed prefix)."""
+        """Tokens in the cache (the committed prefix, plus the last extend's nodes until :meth:`keep`)."""
         return 0 if self.cache is None else int(self.cache.get_seq_length())
 
     def new_cache(self) -> Any:
@@ -125,9 +145,16 @@ class TargetLM:
         """The target's input embeddings of ``tokens`` (drafters share them)."""
         return self.model.get_input_embeddings()(tokens)
 
+    def logits(self, hidden: Tensor) -> Tensor:
+        """The LM head on last hidden states ``(..., H)`` (only for models with a plain head)."""
+        if not self._split:
+            raise RuntimeError(f"TargetLM.logits: {type(self.model).__name__} scales or caps its logits; "
+                               "use forward() for its logits.")
+        return self.head(hidden)
+
     @torch.no_grad()
     def forward(self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor | None, cache: Any,
-                skip_layers: set[int] | None = None) -> tuple[Tensor, Tensor]:
+                skip_layers: set[int] | None = None, last_only: bool = False) -> tuple[Tensor, Tensor]:
         """One forward of ``input_ids`` ``(N,)`` after what ``cache`` holds (the cache is extended).
 
         Args:
@@ -136,51 +163,111 @@ class TargetLM:
             attention_mask: ``(N, cached + N)`` bool, or ``None`` for plain causal.
             cache: a ``DynamicCache`` (see :meth:`new_cache`).
             skip_layers: decoder layers to leave out (self-speculative drafting).
+            last_only: logits of the last position only (``(1, V)``).
 
         Returns:
-            ``(logits (N, V), hidden (N, H))``: hidden is the last hidden state (after the final norm).
+            ``(logits (N or 1, V), hidden (N, H))``: hidden is the last hidden state (after the final norm).
         """
         mask = None if attention_mask is None else additive_mask(attention_mask, self.dtype)
         with skip_decoder_layers(self.model, skip_layers):
+            if self._split:
+                hidden = self.decoder(input_ids=input_ids[None], position_ids=position_ids[None],
+                                      attention_mask=mask, cache=cache, use_cache=True).last_hidden_state[0]
+                return self.head(hidden[-1:] if last_only else hidden), hidden
             out = self.model(input_ids=input_ids[None], position_ids=position_ids[None], attention_mask=mask,
                              cache=cache, use_cache=True, output_hidden_states=True)
-        return out.logits[0], out.hidden_states[-1][0]
+        logits = out.logits[0]
+        return (logits[-1:] if last_only else logits), out.hidden_states[-1][0]
 
-    def start(self, input_ids: Tensor) -> tuple[Tensor, Tensor]:
-        """Reset the cache and prefill ``input_ids`` ``(T,)``; returns logits and hidden ``(T, ·)``."""
+    @torch.no_grad()
+    def hidden(self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor | None, cache: Any) -> Tensor:
+        """The decoder's last hidden states ``(N, H)`` of ``input_ids`` ``(N,)`` (no LM head; extends ``cache``).
+
+        For drafters that apply their own (e.g. reduced-vocabulary) head; needs a model with a plain head.
+        """
+        if not self._split:
+            raise RuntimeError(f"TargetLM.hidden: {type(self.model).__name__} scales or caps its logits; "
+                               "use forward().")
+        mask = None if attention_mask is None else additive_mask(attention_mask, self.dtype)
+        return self.decoder(input_ids=input_ids[None], position_ids=position_ids[None], attention_mask=mask,
+                            cache=cache, use_cache=True).last_hidden_state[0]
+
+    def start(self, input_ids: Tensor, all_logits: bool = False) -> tuple[Tensor, Tensor]:
+        """Reset the cache and prefill ``input_ids`` ``(T,)``.
+
+        Returns the logits of the last position ``(1, V)`` (every position ``(T, V)`` with
+        ``all_logits``) and the hidden states ``(T, H)``.
+        """
         if input_ids.dim() != 1 or input_ids.numel() == 0:
             raise ValueError(f"`input_ids` must be a non-empty (T,) tensor, got shape {tuple(input_ids.shape)}.")
         self.cache = self.new_cache()
         self._pending = 0
         positions = torch.arange(input_ids.numel(), device=input_ids.device)
-        return self.forward(input_ids, positions, None, self.cache)
+        return self.forward(input_ids, positions, None, self.cache, last_only=not all_logits)
 
     def extend(self, tokens: Tensor, parents: Tensor) -> tuple[Tensor, Tensor]:
         """Verify a tree ``(tokens, parents)`` after the cached prefix (one forward).
 
-        Node ``i`` sits at position ``prefix + depth(i) - 1`` and sees the prefix and its
-        ancestors. The cache then holds the prefix and every node until :meth:`keep`.
+        ``parents[0]`` must be ``-1`` (node 0 is the root: the last committed token) and every
+        other node lies below it. Node ``i`` sits at position ``prefix + depth(i)`` and sees
+        the prefix and its ancestors. The cache then holds the prefix and every node until
+        :meth:`keep`.
+        """
+        return self.verify(tree_layout(tokens, parents))
+
+    def verify(self, layout: TreeLayout) -> tuple[Tensor, Tensor]:
+        """:meth:`extend` on an already validated :class:`~lit_lowrank.ops.speculative.TreeLayout`.
+
+        A chain runs on the plain causal path (no mask is built). Returns ``(N, V)`` logits and
+        ``(N, H)`` hidden states.
         """
         if self.cache is None:
             raise RuntimeError("TargetLM.extend before start(): prefill a prompt first.")
+        if self._pending:
+            raise RuntimeError("TargetLM.extend twice without keep(): keep the accepted nodes first.")
         prefix = self.length
-        mask = tree_attention_mask(parents, prefix)
-        self._pending = tokens.numel()  # what keep() may select from
-        return self.forward(tokens, tree_position_ids(parents, prefix).to(tokens.device), mask, self.cache)
+        device = layout.tokens.device
+        self._pending = layout.size  # what keep() may select from
+        return self.forward(layout.tokens, layout.position_ids(prefix).to(device), layout.attention_mask(prefix),
+                            self.cache)
+
+    def step(self, token: int) -> Tensor:
+        """Plain decoding: append one token, return its logits ``(V,)`` (no tree bookkeeping)."""
+        if self.cache is None:
+            raise RuntimeError("TargetLM.step before start(): prefill a prompt first.")
+        device = self.device
+        prefix = self.length
+        logits, _ = self.forward(torch.tensor([token], device=device), torch.tensor([prefix], device=device), None,
+                                 self.cache)
+        return logits[0]
 
     def keep(self, nodes: list[int]) -> None:
-        """Keep only the nodes ``nodes`` (in this order) of the last :meth:`extend` in the cache."""
-        if self._pending == 0:
+        """Keep only the nodes ``nodes`` (in this order) of the last :meth:`extend` in the cache.
+
+        The cache is cut back to the prefix and only the kept nodes' keys / values are written
+        after it (in place): the work is proportional to the kept nodes, not to the cache.
+        """
+        pending = self._pending
+        if pending == 0:
             raise RuntimeError("TargetLM.keep without a preceding extend().")
-        prefix = self.length - self._pending
-        bad = [n for n in nodes if not 0 <= n < self._pending]
+        bad = [n for n in nodes if not 0 <= n < pending]
         if bad:
-            raise ValueError(f"keep: nodes {bad} outside the last extend's 0..{self._pending - 1}.")
+            raise ValueError(f"keep: nodes {bad} outside the last extend's 0..{pending - 1}.")
         self._pending = 0
-        index = torch.cat([torch.arange(prefix), prefix + torch.tensor(nodes, dtype=torch.long)]).to(self.device)
+        prefix = self.length - pending
+        n = len(nodes)
+        index = None
+        if nodes != list(range(n)):
+            index = prefix + torch.tensor(nodes, dtype=torch.long, device=self.device)
         for layer in self.cache.layers:
-            layer.keys = layer.keys.index_select(-2, index)
-            layer.values = layer.values.index_select(-2, index)
+            keys = getattr(layer, "keys", None)
+            if keys is None or keys.dim() != 4 or keys.shape[-2] < prefix + pending:
+                continue  # a layer the forward skipped keeps what it had
+            if index is not None:
+                layer.keys[..., prefix: prefix + n, :] = keys[..., index, :]
+                layer.values[..., prefix: prefix + n, :] = layer.values[..., index, :]
+            layer.keys = layer.keys[..., : prefix + n, :]
+            layer.values = layer.values[..., : prefix + n, :]
 
 
 @dataclass
@@ -212,15 +299,16 @@ class DraftRequest:
 
     Attributes:
         tokens: ``(T,)`` committed tokens; ``tokens[-1]`` is the root (chosen by the target,
-            not yet in its cache).
+            not yet in its cache). A view of the engine's buffer: read it, do not keep it.
         features: ``(T - 1, H)`` the target's last hidden state at positions ``0..T-2``
-            (``features[i]`` produced ``tokens[i + 1]``).
+            (``features[i]`` produced ``tokens[i + 1]``); ``None`` for a drafter whose
+            ``uses_features`` is ``False``.
         budget: most draft nodes the verifier will take.
         target: the verifier (for self-drafters and the shared embeddings).
     """
 
     tokens: Tensor
-    features: Tensor
+    features: Tensor | None
     budget: int
     target: TargetLM
 
@@ -249,13 +337,21 @@ class RoundFeedback:
 class Drafter:
     """The drafter interface: override :meth:`draft`; :meth:`reset` / :meth:`observe` are optional.
 
+    ``uses_features``: whether :meth:`draft` reads ``request.features`` (the target's hidden
+    states at the committed positions). A drafter that does not (a self-drafter, prompt
+    lookup, an n-gram table) sets it to ``False`` and the engine does not keep them.
+
     .. code-block:: python
 
         class ChainDrafter(Drafter):
+            uses_features = False
+
             def draft(self, request):
                 toks = my_guess(request.tokens, n=request.budget)
                 return DraftTree(toks, torch.arange(len(toks)) - 1, forwards=len(toks))
     """
+
+    uses_features: bool = True
 
     def reset(self) -> None:
         """A new sequence starts."""
@@ -344,12 +440,50 @@ def _check_generate_args(input_ids: Tensor, max_new_tokens: int, temperature: fl
     return input_ids
 
 
-def _finish(generated: list[int], max_new_tokens: int, eos_token_id: int | None) -> tuple[list[int], bool]:
-    """Cut at max_new_tokens and after the first EOS; whether decoding is over."""
-    out = generated[:max_new_tokens]
-    if eos_token_id is not None and eos_token_id in out:
-        return out[: out.index(eos_token_id) + 1], True
-    return out, len(out) >= max_new_tokens
+class _Committed:
+    """The committed tokens (and, if asked, the target's features) in preallocated buffers.
+
+    Appending a round's tokens writes into the buffer (O(accepted) per round); the views
+    handed to drafters are slices, never concatenations of the whole history.
+    """
+
+    def __init__(self, prompt: Tensor, max_new_tokens: int, slack: int, features: Tensor | None,
+                 eos_token_id: int | None) -> None:
+        cap = prompt.numel() + max_new_tokens + slack + 1
+        self.max_new_tokens, self.eos_token_id = max_new_tokens, eos_token_id
+        self.eos_index: int | None = None  # buffer index of the first new EOS
+        self.tokens = torch.empty(cap, dtype=torch.long, device=prompt.device)
+        self.tokens[: prompt.numel()] = prompt
+        self.length = prompt.numel()
+        self.prompt_length = prompt.numel()
+        self.features: Tensor | None = None
+        if features is not None:
+            self.features = features.new_empty(cap, features.shape[-1])
+            self.features[: features.shape[0]] = features
+
+    def append(self, tokens: list[int], features: Tensor | None = None) -> None:
+        n = len(tokens)
+        if self.eos_index is None and self.eos_token_id in tokens:
+            self.eos_index = self.length + tokens.index(self.eos_token_id)
+        self.tokens[self.length: self.length + n] = torch.tensor(tokens, dtype=torch.long)
+        if self.features is not None and features is not None:  # features of the positions before the new root
+            self.features[self.length - 1: self.length - 1 + features.shape[0]] = features
+        self.length += n
+
+    @property
+    def new_tokens(self) -> int:
+        return self.length - self.prompt_length
+
+    def request(self, budget: int, target: TargetLM) -> DraftRequest:
+        feats = None if self.features is None else self.features[: self.length - 1]
+        return DraftRequest(self.tokens[: self.length], feats, budget, target)
+
+    def result(self) -> tuple[Tensor, bool]:
+        """The committed sequence cut at ``max_new_tokens`` and after the first new EOS; whether decoding is over."""
+        end = min(self.length, self.prompt_length + self.max_new_tokens)
+        if self.eos_index is not None and self.eos_index < end:
+            return self.tokens[: self.eos_index + 1], True
+        return self.tokens[:end], end - self.prompt_length >= self.max_new_tokens
 
 
 def _choose(logits: Tensor, do_sample: bool, temperature: float, generator: torch.Generator | None) -> int:
@@ -376,19 +510,13 @@ def plain_decode(target: TargetLM, input_ids: Tensor, max_new_tokens: int, eos_t
     logits, _ = target.start(input_ids)
     stats = DecodeStats(prefill_seconds=time.perf_counter() - start)
     generated = [_choose(logits[-1], do_sample, temperature, generator)]
-    root = torch.zeros(1, dtype=torch.long, device=input_ids.device)
-    parents = torch.full((1,), -1, dtype=torch.long, device=input_ids.device)
-    while True:
-        generated, done = _finish(generated, max_new_tokens, eos_token_id)
-        if done:
-            break
-        root[0] = generated[-1]
+    while len(generated) < max_new_tokens and generated[-1] != eos_token_id:
         t0 = time.perf_counter()
-        logits, _ = target.extend(root, parents)
+        logits = target.step(generated[-1])
         stats.verify_seconds += time.perf_counter() - t0
         stats.rounds += 1
         stats.accepted.append(0)
-        generated.append(_choose(logits[-1], do_sample, temperature, generator))
+        generated.append(_choose(logits, do_sample, temperature, generator))
     stats.total_seconds = time.perf_counter() - start
     stats.new_tokens = len(generated)
     return torch.cat([input_ids, torch.tensor(generated, dtype=torch.long, device=input_ids.device)]), stats
@@ -429,41 +557,42 @@ class SpeculativeDecoder:
         input_ids = _check_generate_args(input_ids, max_new_tokens, temperature)
         device = input_ids.device
         start = time.perf_counter()
-        target, drafter = self.target, self.drafter
+        target, drafter, budget = self.target, self.drafter, self.budget
+        uses_features = bool(getattr(drafter, "uses_features", True))
         logits, hidden = target.start(input_ids)
         stats = DecodeStats(prefill_seconds=time.perf_counter() - start)
-        features = hidden
-        generated = [_choose(logits[-1], do_sample, temperature, generator)]
+        committed = _Committed(input_ids, max_new_tokens, budget + 1, hidden if uses_features else None, eos_token_id)
+        committed.append([_choose(logits[-1], do_sample, temperature, generator)])
         drafter.reset()
+        root_parent = torch.full((1,), -1, dtype=torch.long, device=device)
         while True:
-            generated, done = _finish(generated, max_new_tokens, eos_token_id)
+            out, done = committed.result()
             if done:
                 break
-            committed = torch.cat([input_ids, torch.tensor(generated, dtype=torch.long, device=device)])
-            request = DraftRequest(committed, features, self.budget, target)
+            request = committed.request(budget, target)
             t0 = time.perf_counter()
             tree = drafter.draft(request)
             t1 = time.perf_counter()
-            if tree.tokens.numel() > self.budget:
-                raise ValueError(f"{type(drafter).__name__} drafted {tree.tokens.numel()} nodes > budget {self.budget}.")
-            tokens = torch.cat([committed[-1:], tree.tokens.to(device)])
-            parents = torch.cat([torch.full((1,), -1, dtype=torch.long, device=device), tree.parents.to(device) + 1])
-            logits, hidden = target.extend(tokens, parents)
+            if tree.tokens.numel() > budget:
+                raise ValueError(f"{type(drafter).__name__} drafted {tree.tokens.numel()} nodes > budget {budget}.")
+            layout = tree_layout(torch.cat([request.tokens[-1:], tree.tokens.to(device)]),
+                                 torch.cat([root_parent, tree.parents.to(device) + 1]))
+            logits, hidden = target.verify(layout)
+            argmax = logits.argmax(-1)
             if do_sample:
-                probs = torch.softmax(logits.double() / temperature, -1)
-                path, bonus = sampling_tree_accept(tokens, parents, probs, generator)
+                path, bonus = accept_sampling(layout, torch.softmax(logits.double() / temperature, -1), generator)
             else:
-                path, bonus = greedy_tree_accept(tokens, parents, logits.argmax(-1))
+                path, bonus = accept_greedy(layout, argmax)
             target.keep(path)
             stats.verify_seconds += time.perf_counter() - t1
             stats.draft_seconds += t1 - t0
-            features = torch.cat([features, hidden[path]])
-            generated += tokens[path[1:]].tolist() + [bonus]
+            accepted = layout.tokens[path[1:]].tolist() if len(path) > 1 else []
+            committed.append(accepted + [bonus], hidden[path] if uses_features else None)
             stats.rounds += 1
             stats.accepted.append(len(path) - 1)
             stats.drafter_forwards += tree.forwards
             stats.draft_nodes += tree.tokens.numel()
-            drafter.observe(RoundFeedback(request, tree, [p - 1 for p in path[1:]], logits.argmax(-1), hidden, bonus))
+            drafter.observe(RoundFeedback(request, tree, [p - 1 for p in path[1:]], argmax, hidden, bonus))
         stats.total_seconds = time.perf_counter() - start
-        stats.new_tokens = len(generated)
-        return torch.cat([input_ids, torch.tensor(generated, dtype=torch.long, device=device)]), stats
+        stats.new_tokens = out.numel() - input_ids.numel()
+        return out.clone(), stats

@@ -193,11 +193,20 @@ def calibrate_length_profile(target: TargetLM | nn.Module, lengths: tuple[int, .
 class LayerSkipDrafter(Drafter):
     """Self-speculative chain drafting with a fixed :class:`SkipPattern` (the fixed-ratio baseline).
 
+    Each draft token is one forward of the layer-skipped target on the verifier's own KV cache
+    (cropped back afterwards). With ``draft_vocab`` the draft's logits cover only those ids
+    (FR-Spec's frequency-ranked draft vocabulary): the target's 49k-row head is a fifth of a
+    small LM's weights, paid at every draft token otherwise. Verification uses the full
+    vocabulary, so the output is unchanged; only acceptance can drop (a token outside the
+    draft vocabulary is never drafted).
+
     Args:
         pattern: the sublayers to skip.
         draft_length: most draft tokens per round (also capped by the verifier budget).
         stop_confidence: stop the chain early once the draft's top-1 probability falls below
             this (SWIFT's confidence early stop); 0 = always draft ``draft_length``.
+        draft_vocab: ids the draft may propose: a ``(Vd,)`` id tensor, an int ``N`` (ids
+            ``0..N-1``: BPE ids are roughly in frequency order) or ``None`` (every id).
 
     .. code-block:: python
 
@@ -206,32 +215,58 @@ class LayerSkipDrafter(Drafter):
         out, stats = SpeculativeDecoder(model, drafter, budget=8).generate(prompt, 64)
     """
 
-    def __init__(self, pattern: SkipPattern | None = None, draft_length: int = 6, stop_confidence: float = 0.5) -> None:
+    uses_features = False
+
+    def __init__(self, pattern: SkipPattern | None = None, draft_length: int = 6, stop_confidence: float = 0.5,
+                 draft_vocab: Tensor | int | None = None) -> None:
         if draft_length < 1:
             raise ValueError(f"`draft_length` must be >= 1, got {draft_length}.")
         if not 0.0 <= stop_confidence < 1.0:
             raise ValueError(f"`stop_confidence` must be in [0, 1), got {stop_confidence}.")
+        if isinstance(draft_vocab, int):
+            if draft_vocab < 1:
+                raise ValueError(f"`draft_vocab` must be >= 1 ids, got {draft_vocab}.")
+            draft_vocab = torch.arange(draft_vocab)
         self.pattern = pattern or SkipPattern()
         self.draft_length = draft_length
         self.stop_confidence = stop_confidence
+        self.draft_vocab = None if draft_vocab is None else torch.as_tensor(draft_vocab, dtype=torch.long).flatten()
+        self._rows: tuple[int, Tensor] | None = None  # (id of the head weight, its draft-vocabulary rows)
+
+    def _head_rows(self, target: TargetLM) -> Tensor | None:
+        if self.draft_vocab is None or not target._split:
+            return None
+        weight = target.head.weight
+        if self._rows is None or self._rows[0] != id(weight):
+            if int(self.draft_vocab.max()) >= weight.shape[0]:
+                raise ValueError(f"LayerSkipDrafter: draft_vocab ids up to {int(self.draft_vocab.max())} exceed the "
+                                 f"target's vocabulary ({weight.shape[0]}).")
+            self._rows = (id(weight), weight[self.draft_vocab.to(weight.device)].detach().clone())
+        return self._rows[1]
 
     @torch.no_grad()
     def draft(self, request: DraftRequest) -> DraftTree:
         target = request.target
         prefix = target.length
-        token = request.tokens[-1:].to(target.device)
+        device = target.device
+        rows = self._head_rows(target)
+        token = request.tokens[-1:].to(device)
         out: list[int] = []
         try:
             with skip_sublayers(target.model, self.pattern):
                 for j in range(min(self.draft_length, request.budget)):
-                    logits, _ = target.forward(token, torch.tensor([prefix + j], device=target.device), None,
-                                               target.cache)
-                    probs = torch.softmax(logits[-1].double(), -1)
-                    conf, nxt = probs.max(-1)
+                    position = torch.tensor([prefix + j], device=device)
+                    if rows is None:
+                        logits = target.forward(token, position, None, target.cache)[0][-1]
+                    else:
+                        logits = target.hidden(token, position, None, target.cache)[-1] @ rows.T
+                    conf, nxt = torch.softmax(logits.float(), -1).max(-1)
                     if out and float(conf) < self.stop_confidence:
                         break
+                    if rows is not None:
+                        nxt = self.draft_vocab[int(nxt)]
                     out.append(int(nxt))
-                    token = nxt.view(1)
+                    token = nxt.view(1).to(device)
         finally:
             _crop(target.cache, prefix)  # the verifier gets its cache back exactly
         tokens = torch.tensor(out, dtype=torch.long)
@@ -561,7 +596,15 @@ class OfflineBayesDrafter(_WindowedSkipDrafter):
         target = target if isinstance(target, TargetLM) else TargetLM(target)
         t0 = time.perf_counter()
         seqs = [plain_decode(target, p, max_new_tokens)[0].cpu() for p in prompts]
-        starts = [p.numel() for p in prompts]
+        self.calibrate_on(target, seqs, [p.numel() for p in prompts])
+        self.calibration_seconds = time.perf_counter() - t0
+        return self.pattern
+
+    def calibrate_on(self, target: TargetLM | nn.Module, sequences: list[Tensor], starts: list[int]) -> SkipPattern:
+        """Search the pattern on known greedy ``sequences`` (continuations from ``starts[i]`` on) and fix it."""
+        target = target if isinstance(target, TargetLM) else TargetLM(target)
+        t0 = time.perf_counter()
+        seqs, starts = [torch.as_tensor(q).cpu() for q in sequences], list(starts)
         self.result = bayesian_pattern_search(
             lambda pat: sequence_matchness(target.model, seqs, starts, pat), self.num_layers, self.ratio,
             budget=self.budget, n_init=self.n_init, generator=self.generator)

@@ -12,7 +12,7 @@ drafter only (the frozen target is rebuilt from the hyperparameters).
 
 .. code-block:: bash
 
-    lit-lowrank fit --config configs/language_model/specblock_smollm2.yaml
+    lit-lowrank fit --config configs/language_model/real/specblock_smollm2.yaml
 
 .. code-block:: python
 
@@ -34,21 +34,29 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from lit_lowrank.core.logging import log_method
-from lit_lowrank.models.spec_drafter import BlockDrafterNet
+from lit_lowrank.models.spec_drafter import BlockDrafterNet, MedusaHeads
 from lit_lowrank.tasks.language_model import CausalLMModule, block_causal_attention_mask
 
 
-def _draft_vocab_ids(draft_vocab: int | str | None, vocab_size: int) -> Tensor | None:
+def _draft_vocab_ids(draft_vocab: int | str | None, vocab_size: int) -> tuple[Tensor | None, int | None]:
+    """``(ids or None, size)``: ``"top:N"`` has a size now and its ids later (from the data's counts)."""
     if draft_vocab is None:
-        return None
+        return None, None
+    if isinstance(draft_vocab, str) and draft_vocab.startswith("top:"):
+        n = int(draft_vocab[4:])
+        if not 1 <= n <= vocab_size:
+            raise ValueError(f"`draft_vocab`={draft_vocab!r}: expected 'top:N' with 1 <= N <= vocab_size={vocab_size}.")
+        return None, n
     if isinstance(draft_vocab, int):
         if not 1 <= draft_vocab <= vocab_size:
             raise ValueError(f"`draft_vocab`={draft_vocab}: expected 1..vocab_size={vocab_size}.")
-        return torch.arange(draft_vocab)
+        return torch.arange(draft_vocab), draft_vocab
     path = Path(draft_vocab)
     if not path.is_file():
-        raise FileNotFoundError(f"`draft_vocab`={draft_vocab!r}: expected an int or the path of a saved (N,) id tensor.")
-    return torch.as_tensor(torch.load(path, weights_only=True), dtype=torch.long)
+        raise FileNotFoundError(f"`draft_vocab`={draft_vocab!r}: expected an int, 'top:N' or the path of a saved (N,) "
+                                "id tensor.")
+    ids = torch.as_tensor(torch.load(path, weights_only=True), dtype=torch.long)
+    return ids, ids.numel()
 
 
 @torch.no_grad()
@@ -64,21 +72,29 @@ def target_outputs(target: torch.nn.Module, input_ids: Tensor, labels: Tensor | 
 
 
 class DrafterDistillModule(pl.LightningModule):
-    """Train a SpecBlock (or EAGLE-style, ``block_size=1``) drafter on a frozen target.
+    """Train a SpecBlock (or EAGLE-style, ``block_size=1``; or Medusa-style heads) drafter on a frozen target.
 
     Args:
         pretrained_path: the target: a local transformers folder or ``"smollm2"``.
         model_config: a random-init target instead (tests), as in :class:`CausalLMModule`.
         vocab_size: vocabulary of a random-init target.
-        drafter: :class:`BlockDrafterNet` keyword arguments (``block_size``, ``layer_shift``,
-            ``rank_head``, ``valid_prefix``, ``num_layers``, ``context_window``, ...).
-        draft_vocab: the drafter's vocabulary (EAGLE-3's reduced head): ``None`` = the target's
-            whole vocabulary; an int ``N`` = ids ``0..N-1`` (BPE ids are roughly in merge order, i.e.
-            frequency order: on the Lee corpus SmolLM2's first 8192 ids cover 82% of tokens); a path
-            = a saved ``(N,)`` tensor of ids (e.g. the most frequent target outputs).
+        architecture: ``"block"`` (:class:`BlockDrafterNet`: EAGLE-style or SpecBlock) or ``"medusa"``
+            (:class:`MedusaHeads`).
+        drafter: keyword arguments of that network (``block_size``, ``layer_shift``, ``rank_head``,
+            ``valid_prefix``, ``num_layers``, ``num_heads``, ``intermediate_size``, ``context_window``, ...;
+            Medusa: ``num_heads``).
+        draft_vocab: the drafter's vocabulary (EAGLE-3 / FR-Spec's reduced head): ``None`` = the target's
+            whole vocabulary; ``"top:N"`` = the ``N`` ids the target outputs most often in the training
+            data (from the datamodule's ``target_token_counts()`` at setup; the ids are saved in the
+            checkpoint); an int ``N`` = ids ``0..N-1`` (BPE ids are roughly in merge order, i.e.
+            frequency order); a path = a saved ``(N,)`` tensor of ids.
         train_head: train the drafter's LM head; by default it is the target's head
-            (copied rows of the draft vocabulary) kept frozen, as in EAGLE.
+            (copied rows of the draft vocabulary) kept frozen, as in EAGLE. Medusa trains its heads.
         optimizer / lr_scheduler: callables, as in the task modules.
+
+    Batches need ``input_ids`` and either ``features`` + ``target_ids`` (cached target outputs, e.g.
+    from :class:`~lit_lowrank.decoding.distill_data.SelfDistillDataModule`: the target never runs)
+    or ``labels`` (the target runs once per batch, no gradient); ``doc_ids`` optional.
 
     .. code-block:: python
 
@@ -88,27 +104,54 @@ class DrafterDistillModule(pl.LightningModule):
     """
 
     def __init__(self, pretrained_path: str | None = None, model_config: dict[str, Any] | None = None,
-                 vocab_size: int = 258, drafter: dict[str, Any] | None = None,
-                 draft_vocab: int | str | None = None, train_head: bool = False,
+                 vocab_size: int = 258, architecture: str = "block", drafter: dict[str, Any] | None = None,
+                 draft_vocab: int | str | None = None, train_head: bool | None = None,
                  optimizer: OptimizerCallable = torch.optim.AdamW,
                  lr_scheduler: LRSchedulerCallable | None = None) -> None:
         super().__init__()
+        if architecture not in ("block", "medusa"):
+            raise ValueError(f"`architecture`={architecture!r}, expected 'block' or 'medusa'.")
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         self.optimizer_factory, self.lr_scheduler_factory = optimizer, lr_scheduler
         target = CausalLMModule._build(model_config, pretrained_path, vocab_size, "sdpa")
         self.target = target.eval().requires_grad_(False)
         cfg = target.config
-        ids = _draft_vocab_ids(draft_vocab, cfg.vocab_size)
+        ids, size = _draft_vocab_ids(draft_vocab, cfg.vocab_size)
+        self._vocab_from_data = ids is None and size is not None
         drafter_kwargs = dict(drafter or {})
         if "draft_vocab_size" in drafter_kwargs:
-            raise ValueError("DrafterDistillModule: set the draft vocabulary with `draft_vocab`, not drafter.draft_vocab_size.")
-        drafter_kwargs["draft_vocab_size"] = None if ids is None else ids.numel()
-        self.drafter = BlockDrafterNet(cfg.hidden_size, cfg.vocab_size, **drafter_kwargs)
+            raise ValueError("DrafterDistillModule: set the draft vocabulary with `draft_vocab`, "
+                             "not drafter.draft_vocab_size.")
+        drafter_kwargs["draft_vocab_size"] = size
+        net_cls = MedusaHeads if architecture == "medusa" else BlockDrafterNet
+        self.drafter = net_cls(cfg.hidden_size, cfg.vocab_size, **drafter_kwargs)
         if ids is not None:
             self.drafter.set_draft_vocab(ids)
-        self.drafter.init_head_from(target.get_output_embeddings().weight)
-        self.drafter.head.requires_grad_(train_head)
+        self._init_head()
+        if train_head is None:
+            train_head = architecture == "medusa"  # Medusa trains its heads; EAGLE keeps the target's frozen
+        for head in self._heads():
+            head.requires_grad_(train_head)
         self.strict_loading = False  # checkpoints carry the drafter only
+
+    def _heads(self) -> list[torch.nn.Module]:
+        return list(self.drafter.heads) if isinstance(self.drafter, MedusaHeads) else [self.drafter.head]
+
+    def _init_head(self) -> None:
+        # the drafter's own norm starts at 1: features are already after the target's final norm
+        self.drafter.init_head_from(self.target.get_output_embeddings().weight)
+
+    def setup(self, stage: str) -> None:
+        if not self._vocab_from_data or stage != "fit":
+            return
+        counts = getattr(getattr(self.trainer, "datamodule", None), "target_token_counts", None)
+        if not callable(counts):
+            raise ValueError(f"DrafterDistillModule: draft_vocab={self.hparams.draft_vocab!r} needs a datamodule with "
+                             "`target_token_counts()` (e.g. SelfDistillDataModule).")
+        n = self.drafter.head.out_features
+        self.drafter.set_draft_vocab(counts().argsort(descending=True, stable=True)[:n])
+        self._init_head()
+        self._vocab_from_data = False
 
     def train(self, mode: bool = True) -> DrafterDistillModule:
         super().train(mode)
@@ -125,6 +168,8 @@ class DrafterDistillModule(pl.LightningModule):
         else:
             features, target_ids = target_outputs(self.target, input_ids, batch.get("labels"), doc_ids,
                                                   batch.get("position_ids"))
+        if isinstance(self.drafter, MedusaHeads):
+            return self.drafter.training_loss(features, target_ids, doc_ids)
         embeds = self.target.get_input_embeddings()(input_ids).detach()
         return self.drafter.training_loss(embeds, features.to(embeds.dtype), target_ids, doc_ids, expand_at)
 
@@ -136,7 +181,8 @@ class DrafterDistillModule(pl.LightningModule):
         return loss
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        loss, parts = self._loss(batch, expand_at=self.drafter.block_size)
+        block = getattr(self.drafter, "block_size", None)
+        loss, parts = self._loss(batch, expand_at=block)
         self.log("val/loss", loss, prog_bar=True, sync_dist=True)
         self.log("val/acc1", parts["acc1"], sync_dist=True)
 

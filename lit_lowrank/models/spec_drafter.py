@@ -167,6 +167,9 @@ class BlockDrafterNet(nn.Module):
         context_window: committed positions before the root a drafter attends to.
         feature_loss_weight: weight of the smooth-L1 regression of ``g`` onto the target features.
         rope_theta: rotary base.
+        head_norm: an RMSNorm before the LM head. With features taken after the target's final
+            norm (as here) and the target's head frozen, ``False`` keeps the logits at the target's
+            scale (a fresh norm would flatten them by the features' RMS).
 
     .. code-block:: python
 
@@ -178,7 +181,8 @@ class BlockDrafterNet(nn.Module):
     def __init__(self, hidden_size: int, vocab_size: int, block_size: int = 4, num_layers: int = 1,
                  num_heads: int = 4, intermediate_size: int | None = None, layer_shift: bool = True,
                  rank_head: bool = True, valid_prefix: bool = True, draft_vocab_size: int | None = None,
-                 context_window: int = 16, feature_loss_weight: float = 0.5, rope_theta: float = 10000.0) -> None:
+                 context_window: int = 16, feature_loss_weight: float = 0.5, rope_theta: float = 10000.0,
+                 head_norm: bool = True) -> None:
         super().__init__()
         if block_size < 1:
             raise ValueError(f"`block_size` must be >= 1, got {block_size}.")
@@ -188,10 +192,10 @@ class BlockDrafterNet(nn.Module):
                            num_layers=num_layers, num_heads=num_heads, intermediate_size=intermediate_size,
                            layer_shift=layer_shift, rank_head=rank_head, valid_prefix=valid_prefix,
                            draft_vocab_size=draft_vocab_size, context_window=context_window,
-                           feature_loss_weight=feature_loss_weight, rope_theta=rope_theta)
+                           feature_loss_weight=feature_loss_weight, rope_theta=rope_theta, head_norm=head_norm)
         self.block_size, self.context_window = block_size, context_window
         self.valid_prefix, self.feature_loss_weight = valid_prefix, feature_loss_weight
-        self.vocab_size = vocab_size
+        self.vocab_size, self.head_norm = vocab_size, head_norm
         self.fc = nn.Linear(2 * hidden_size, hidden_size, bias=False)
         self.placeholders = nn.Parameter(torch.randn(max(block_size - 1, 0), hidden_size) * 0.02)
         self.layers = nn.ModuleList(
@@ -241,9 +245,14 @@ class BlockDrafterNet(nn.Module):
             kv.append(layer_kv)
         return h, kv
 
+    def head_input(self, g: Tensor) -> Tensor:
+        """What the LM head reads: ``norm(g)``, or ``g`` itself with ``head_norm=False`` (``g`` imitates the
+        target's features, which are already after its final norm: the target's head applies to them as is)."""
+        return self.norm(g) if self.head_norm else g
+
     def logits(self, g: Tensor) -> Tensor:
         """Draft-vocabulary logits of output hidden states ``g``."""
-        return self.head(self.norm(g))
+        return self.head(self.head_input(g))
 
     def bucket_logits(self, g: Tensor) -> Tensor | None:
         """Rank-head logits over the rank buckets (``None`` without a rank head)."""
@@ -391,12 +400,16 @@ class MedusaHeads(nn.Module):
     Each head reads only the target's last hidden state ``f_t`` (whose own LM head gives the
     token at ``t + 1``, the root) through a residual SiLU block, ``h = f + SiLU(W f)``, and an
     LM head (initialised from the target's, trainable): all heads run in one forward and
-    never see the tokens they draft before them (Medusa-1: frozen target).
+    never see the tokens they draft before them (Medusa-1: frozen target). The heads may
+    cover a reduced *draft vocabulary* (as :class:`BlockDrafterNet`'s), which on a CPU is most
+    of their cost: ``num_heads`` full 49k-row heads read ``num_heads`` times the target's head.
 
     Args:
         hidden_size: the target's hidden size.
         vocab_size: the target's vocabulary size.
         num_heads: heads = drafted depths.
+        draft_vocab_size: rows of each head (``None``: the full vocabulary); set the ids with
+            :meth:`set_draft_vocab`.
 
     .. code-block:: python
 
@@ -405,43 +418,67 @@ class MedusaHeads(nn.Module):
         loss, parts = heads.training_loss(features, target_ids)    # (B, T, H), (B, T)
     """
 
-    def __init__(self, hidden_size: int, vocab_size: int, num_heads: int = 4) -> None:
+    def __init__(self, hidden_size: int, vocab_size: int, num_heads: int = 4,
+                 draft_vocab_size: int | None = None) -> None:
         super().__init__()
         if num_heads < 1:
             raise ValueError(f"MedusaHeads: `num_heads` must be >= 1, got {num_heads}.")
-        self.config = dict(hidden_size=hidden_size, vocab_size=vocab_size, num_heads=num_heads)
-        self.num_heads = num_heads
+        if draft_vocab_size is not None and not 1 <= draft_vocab_size <= vocab_size:
+            raise ValueError(f"`draft_vocab_size` must be in 1..vocab_size={vocab_size}, got {draft_vocab_size}.")
+        self.config = dict(hidden_size=hidden_size, vocab_size=vocab_size, num_heads=num_heads,
+                           draft_vocab_size=draft_vocab_size)
+        self.num_heads, self.vocab_size = num_heads, vocab_size
         self.res = nn.ModuleList(nn.Linear(hidden_size, hidden_size) for _ in range(num_heads))
         for lin in self.res:
             nn.init.zeros_(lin.weight)  # Medusa: start as the target's own head (a no-op residual)
             nn.init.zeros_(lin.bias)
-        self.heads = nn.ModuleList(nn.Linear(hidden_size, vocab_size, bias=False) for _ in range(num_heads))
+        vd = draft_vocab_size or vocab_size
+        self.heads = nn.ModuleList(nn.Linear(hidden_size, vd, bias=False) for _ in range(num_heads))
+        self.register_buffer("draft_vocab", torch.arange(vd), persistent=True)
+        self.register_buffer("target_to_draft", torch.arange(vocab_size) if vd == vocab_size else
+                             torch.full((vocab_size,), -1, dtype=torch.long), persistent=True)
+
+    set_draft_vocab = BlockDrafterNet.set_draft_vocab
+
+    @property
+    def head(self) -> nn.Linear:  # what set_draft_vocab checks the size against
+        return self.heads[0]
 
     @torch.no_grad()
     def init_head_from(self, lm_head_weight: Tensor) -> None:
-        """Copy the target's LM head into every head (Medusa's warm start)."""
+        """Copy the target's LM-head rows of the draft vocabulary into every head (Medusa's warm start)."""
+        rows = lm_head_weight[self.draft_vocab.to(lm_head_weight.device)]
         for head in self.heads:
-            head.weight.copy_(lm_head_weight)
+            head.weight.copy_(rows)
 
     def forward(self, features: Tensor) -> Tensor:
-        """``features`` ``(..., H)`` -> logits ``(..., num_heads, V)``."""
+        """``features`` ``(..., H)`` -> draft-vocabulary logits ``(..., num_heads, Vd)``."""
         return torch.stack([head(features + F.silu(res(features))) for res, head in zip(self.res, self.heads)], -2)
 
-    def training_loss(self, features: Tensor, target_ids: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    def training_loss(self, features: Tensor, target_ids: Tensor,
+                      doc_ids: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """Mean CE of head ``k`` at position ``t`` against the target's argmax at ``t + k + 1`` (``-100`` ignored).
+
+        Targets outside the draft vocabulary and (with ``doc_ids``) across a document boundary are ignored.
 
         Args:
             features: ``(B, T, H)`` target last hidden states.
             target_ids: ``(B, T)`` the target's argmax (``target_ids[t]`` follows ``f_t``).
+            doc_ids: optional ``(B, T)`` document ids.
         """
         if features.dim() != 3 or target_ids.shape != features.shape[:2]:
             raise ValueError(f"MedusaHeads.training_loss: features {tuple(features.shape)} and target_ids "
                              f"{tuple(target_ids.shape)} must be (B, T, H) and (B, T).")
         t = features.shape[1]
-        logits = self(features.to(self.heads[0].weight.dtype)).float()  # (B, T, K, V)
+        logits = self(features.to(self.heads[0].weight.dtype)).float()  # (B, T, K, Vd)
+        mapped = torch.where(target_ids >= 0, self.target_to_draft[target_ids.clamp(min=0)],
+                             torch.full_like(target_ids, -100))
+        mapped = torch.where(mapped < 0, torch.full_like(mapped, -100), mapped)
         losses, acc = [], []
         for k in range(min(self.num_heads, t - 1)):
-            lg, y = logits[:, : t - k - 1, k], target_ids[:, k + 1:]
+            lg, y = logits[:, : t - k - 1, k], mapped[:, k + 1:]
+            if doc_ids is not None:
+                y = torch.where(doc_ids[:, k + 1:] == doc_ids[:, : t - k - 1], y, torch.full_like(y, -100))
             losses.append(F.cross_entropy(lg.flatten(0, 1), y.flatten(), ignore_index=-100))
             ok = y != -100
             acc.append(((lg.argmax(-1) == y) & ok).sum() / ok.sum().clamp(min=1))
@@ -449,3 +486,15 @@ class MedusaHeads(nn.Module):
             raise ValueError(f"MedusaHeads.training_loss: sequences of length {t} are too short (need >= 2).")
         loss = torch.stack(losses).mean()
         return loss, {"ce": loss.detach(), "acc1": acc[0].detach()}
+
+    def save(self, path: Any) -> None:
+        """Write config and weights (loadable with :meth:`load`)."""
+        torch.save({"config": self.config, "state_dict": self.state_dict()}, path)
+
+    @classmethod
+    def load(cls, path: Any, map_location: Any = "cpu") -> MedusaHeads:
+        """Rebuild heads saved with :meth:`save`."""
+        blob = torch.load(path, map_location=map_location, weights_only=False)
+        heads = cls(**blob["config"])
+        heads.load_state_dict(blob["state_dict"])
+        return heads

@@ -8,6 +8,9 @@ unless a caller includes it as node 0 with parent ``-1``.
 - :func:`tree_depths`, :func:`tree_ancestor_matrix`, :func:`tree_position_ids`,
   :func:`tree_attention_mask`: what one target forward over the whole tree needs
   (mask[i, j] = 1 iff j is an ancestor of i or i itself; position = prefix length + depth).
+- :func:`tree_layout` validates a rooted tree once per round and precomputes its ancestor
+  matrix and depths (:class:`TreeLayout`; a chain is detected and needs no mask);
+  :func:`accept_greedy` / :func:`accept_sampling` verify on it.
 - :func:`greedy_tree_accept`: the longest path whose tokens are the target's argmax.
 - :func:`recursive_rejection_sample` and :func:`sampling_tree_accept`: the speculative
   sampling acceptance rule generalised to several candidates per node (SpecInfer's
@@ -32,6 +35,7 @@ unless a caller includes it as node 0 with parent ``-1``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -51,6 +55,29 @@ def _check_parents(parents: Tensor) -> Tensor:
     return parents.long()
 
 
+def _ancestors(parents: Tensor) -> Tensor:
+    """``(N, N)`` bool ancestor-or-self matrix of *validated* parents, by pointer doubling.
+
+    ``ceil(log2(depth)) + 1`` rounds of a few tensor ops (no per-node Python loop): row ``i``
+    starts as ``{i, parent(i)}`` and each round ORs in the row of the farthest ancestor
+    reached so far, doubling the covered stretch of the path.
+    """
+    n = parents.numel()
+    anc = torch.eye(n, dtype=torch.bool, device=parents.device)
+    if n == 0:
+        return anc
+    rows = torch.arange(n, device=parents.device)
+    has = parents >= 0
+    anc[rows[has], parents[has]] = True
+    jump = torch.where(has, parents, rows)  # a root child jumps to itself: its row is already complete
+    while True:
+        nxt = jump[jump]
+        anc |= anc[jump]
+        if torch.equal(nxt, jump):
+            return anc
+        jump = nxt
+
+
 def tree_depths(parents: Tensor) -> Tensor:
     """Depth of every node: 1 for a child of the root, parent's depth + 1 otherwise.
 
@@ -64,11 +91,7 @@ def tree_depths(parents: Tensor) -> Tensor:
 
         tree_depths(torch.tensor([-1, 0, 0, 1]))   # tensor([1, 2, 2, 3])
     """
-    parents = _check_parents(parents)
-    depth = torch.zeros_like(parents)
-    for i, p in enumerate(parents.tolist()):
-        depth[i] = 1 if p < 0 else depth[p] + 1
-    return depth
+    return _ancestors(_check_parents(parents)).sum(-1)
 
 
 def tree_ancestor_matrix(parents: Tensor) -> Tensor:
@@ -79,13 +102,7 @@ def tree_ancestor_matrix(parents: Tensor) -> Tensor:
         tree_ancestor_matrix(torch.tensor([-1, 0, -1]))
         # [[T, F, F], [T, T, F], [F, F, T]]
     """
-    parents = _check_parents(parents)
-    n = parents.numel()
-    anc = torch.eye(n, dtype=torch.bool, device=parents.device)
-    for i, p in enumerate(parents.tolist()):
-        if p >= 0:
-            anc[i] |= anc[p]
-    return anc
+    return _ancestors(_check_parents(parents))
 
 
 def tree_attention_mask(parents: Tensor, prefix_len: int = 0) -> Tensor:
@@ -136,6 +153,92 @@ def children_lists(parents: Tensor) -> list[list[int]]:
     return children
 
 
+@dataclass(frozen=True)
+class TreeLayout:
+    """A verified tree ``(tokens, parents)`` with node 0 the root, checked once, and what one
+    target forward over it needs.
+
+    Attributes:
+        tokens: ``(N,)`` node tokens, ``tokens[0]`` the root.
+        parents: ``(N,)`` parents, ``parents[0] == -1``, every other node below node 0.
+        chain: the tree is a chain ``0 <- 1 <- 2 ...`` (plain causal attention suffices).
+        ancestors: ``(N, N)`` ancestor-or-self matrix (``None`` for a chain).
+        depths: ``(N,)`` depth from the root (root 0).
+    """
+
+    tokens: Tensor
+    parents: Tensor
+    chain: bool
+    ancestors: Tensor | None
+    depths: Tensor
+
+    @property
+    def size(self) -> int:
+        return self.tokens.numel()
+
+    def attention_mask(self, prefix_len: int) -> Tensor | None:
+        """``(N, prefix_len + N)`` bool, or ``None`` for a chain (causal attention)."""
+        if self.chain:
+            return None
+        ones = torch.ones(self.size, prefix_len, dtype=torch.bool, device=self.tokens.device)
+        return torch.cat([ones, self.ancestors], dim=1)
+
+    def position_ids(self, prefix_len: int) -> Tensor:
+        """``(N,)`` positions: ``prefix_len + depth`` (the root sits at ``prefix_len``)."""
+        return prefix_len + self.depths
+
+
+def tree_layout(tokens: Tensor, parents: Tensor) -> TreeLayout:
+    """Validate a rooted tree once (node 0 = the root, siblings distinct) and precompute its layout.
+
+    Args:
+        tokens: ``(N,)`` node tokens, node 0 the root.
+        parents: ``(N,)`` parents, ``parents[0] == -1`` and no other node has parent ``-1``.
+
+    .. code-block:: python
+
+        layout = tree_layout(torch.tensor([9, 5, 6, 7]), torch.tensor([-1, 0, 0, 1]))
+        layout.position_ids(10)      # tensor([10, 11, 11, 12])
+    """
+    parents = _check_parents(parents)
+    if tokens.shape != parents.shape:
+        raise ValueError(f"`tokens` {tuple(tokens.shape)} and `parents` {tuple(parents.shape)} must have one shape.")
+    n = parents.numel()
+    if n == 0 or parents[0] != -1 or (parents[1:] == -1).any():
+        raise ValueError(f"node 0 must be the only root child (the verified root), got parents={parents.tolist()}.")
+    index = torch.arange(n, device=parents.device)
+    if torch.equal(parents, index - 1):
+        return TreeLayout(tokens, parents, True, None, index)
+    tokens = tokens.long()
+    key = parents * (int(tokens.max()) + 1) + tokens  # (parent, token) pairs must be distinct among siblings
+    if torch.unique(key).numel() != n:
+        kids = [[int(t) for t, p in zip(tokens.tolist(), parents.tolist()) if p == q] for q in range(n)]
+        node = next(q for q, k in enumerate(kids) if len(set(k)) != len(k))
+        raise ValueError(f"node {node} has repeated child tokens {kids[node]}; siblings must differ.")
+    anc = _ancestors(parents)
+    return TreeLayout(tokens, parents, False, anc, anc.sum(-1) - 1)
+
+
+def accept_greedy(layout: TreeLayout, target_argmax: Tensor) -> tuple[list[int], int]:
+    """Greedy verification on a :class:`TreeLayout`: the path whose tokens are the target's argmax.
+
+    Vectorised: node ``i`` *matches* when its token is its parent's argmax; a node is accepted
+    when it and all its ancestors below the root match (siblings are distinct, so the accepted
+    nodes form one path); the bonus is the argmax at the deepest accepted node.
+    """
+    tokens = layout.tokens.to(target_argmax.device)
+    if layout.chain:
+        ok = tokens[1:] == target_argmax[:-1]
+        accepted = int(ok.long().cumprod(0).sum())
+        return list(range(accepted + 1)), int(target_argmax[accepted])
+    match = torch.ones_like(tokens, dtype=torch.bool)
+    match[1:] = tokens[1:] == target_argmax[layout.parents[1:]]
+    anc = layout.ancestors.to(match.device)
+    good = ~(anc & ~match[None, :]).any(-1)  # (N,) every ancestor-or-self matches
+    path = torch.nonzero(good).flatten()  # ancestors come first: topological order
+    return path.tolist(), int(target_argmax[path[-1]])
+
+
 def greedy_tree_accept(tokens: Tensor, parents: Tensor, target_argmax: Tensor) -> tuple[list[int], int]:
     """Greedy verification: follow the children whose token equals the target's argmax.
 
@@ -152,29 +255,7 @@ def greedy_tree_accept(tokens: Tensor, parents: Tensor, target_argmax: Tensor) -
 
         path, bonus = greedy_tree_accept(tokens, parents, logits.argmax(-1))
     """
-    children = _root_children(tokens, parents)
-    tok, arg = tokens.tolist(), target_argmax.tolist()
-    path = [0]
-    while True:
-        node = path[-1]
-        nxt = next((c for c in children[node] if tok[c] == arg[node]), None)
-        if nxt is None:
-            return path, int(arg[node])
-        path.append(nxt)
-
-
-def _root_children(tokens: Tensor, parents: Tensor) -> list[list[int]]:
-    parents = _check_parents(parents)
-    if tokens.shape != parents.shape:
-        raise ValueError(f"`tokens` {tuple(tokens.shape)} and `parents` {tuple(parents.shape)} must have one shape.")
-    if parents.numel() == 0 or parents[0] != -1 or (parents[1:] == -1).any():
-        raise ValueError(f"node 0 must be the only root child (the verified root), got parents={parents.tolist()}.")
-    children = children_lists(parents)[1:]
-    tok = tokens.tolist()
-    for i, kids in enumerate(children):
-        if len({tok[c] for c in kids}) != len(kids):
-            raise ValueError(f"node {i} has repeated child tokens {[tok[c] for c in kids]}; siblings must differ.")
-    return children
+    return accept_greedy(tree_layout(tokens, parents), target_argmax)
 
 
 def recursive_rejection_sample(
@@ -231,6 +312,23 @@ def recursive_rejection_sample(
     return -1, int(token)
 
 
+def accept_sampling(layout: TreeLayout, target_probs: Tensor,
+                    generator: torch.Generator | None = None) -> tuple[list[int], int]:
+    """Sampling verification on a :class:`TreeLayout` (see :func:`sampling_tree_accept`)."""
+    tok = layout.tokens.tolist()
+    children: list[list[int]] = [[] for _ in tok]
+    for i, p in enumerate(layout.parents.tolist()[1:], start=1):
+        children[p].append(i)
+    path = [0]
+    while True:
+        node = path[-1]
+        kids = children[node]
+        idx, token = recursive_rejection_sample(target_probs[node], [tok[c] for c in kids], None, generator)
+        if idx < 0:
+            return path, token
+        path.append(kids[idx])
+
+
 def sampling_tree_accept(
     tokens: Tensor, parents: Tensor, target_probs: Tensor, generator: torch.Generator | None = None
 ) -> tuple[list[int], int]:
@@ -254,16 +352,7 @@ def sampling_tree_accept(
 
         path, bonus = sampling_tree_accept(tokens, parents, torch.softmax(logits / 0.8, -1))
     """
-    children = _root_children(tokens, parents)
-    tok = tokens.tolist()
-    path = [0]
-    while True:
-        node = path[-1]
-        kids = children[node]
-        idx, token = recursive_rejection_sample(target_probs[node], [tok[c] for c in kids], None, generator)
-        if idx < 0:
-            return path, token
-        path.append(kids[idx])
+    return accept_sampling(tree_layout(tokens, parents), target_probs, generator)
 
 
 def valid_prefix_mask(draft_logits: Tensor, targets: Tensor, valid: Tensor | None = None) -> Tensor:

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import lightning.pytorch as pl
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from lit_lowrank.decoding import DraftRequest, SpecBlockDrafter, TargetLM
+from lit_lowrank.decoding import (
+    DraftRequest,
+    EagleDrafter,
+    SpecBlockDrafter,
+    SpeculativeDecoder,
+    TargetLM,
+    plain_decode,
+)
+from lit_lowrank.decoding.reference_drafters import OracleDrafter, RandomDrafter
 from lit_lowrank.decoding.training import DrafterDistillModule, target_feature_cache
 from lit_lowrank.models.spec_drafter import BlockDrafterNet, block_training_layout
 from tests.decoding.test_engine import tiny_target
 
+REPO = Path(__file__).resolve().parents[2]
 TINY = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 256}
 
@@ -120,3 +132,106 @@ def test_target_feature_cache_round_trip(tmp_path):
         torch.testing.assert_close(first["target_ids"], model(windows).logits.argmax(-1))
     second = target_feature_cache(model, windows, tmp_path)
     assert torch.equal(first["features"], second["features"])
+
+
+def _fresh_tree(net: BlockDrafterNet, request: DraftRequest, **kw):
+    drafter = SpecBlockDrafter(net, **kw) if net.block_size > 1 else EagleDrafter(net, depth=3, topk=2)
+    return drafter.draft(request)
+
+
+@pytest.mark.parametrize("block_size", [1, 3])
+def test_drafter_kv_cache_equals_recomputation(block_size):
+    """Across rounds the cached drafter drafts what a drafter rebuilt from scratch each round drafts
+    (one layer: a context entry's key/value depends only on its own input)."""
+    net = _net(block_size=block_size)
+    target = TargetLM(tiny_target())
+    kw = dict(blocks=2, expand=2, max_branch=3)
+    cached = SpecBlockDrafter(net, **kw) if block_size > 1 else EagleDrafter(net, depth=3, topk=2)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 23, (40,), generator=g)
+    feats = torch.randn(40, 32, generator=g, dtype=torch.float64)
+    n = 5
+    for step in (1, 3, 2, 1, 4, 2, 1):  # rounds committing a few tokens each (as after verification)
+        request = DraftRequest(tokens[:n], feats[: n - 1], 8, target)
+        a, b = cached.draft(request), _fresh_tree(net, request, **kw)
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents), n
+        n += step
+    assert cached.context.length <= net.context_window + 4  # the window before the newest items, and them
+
+
+def test_reference_drafters_bound_the_engine():
+    model = tiny_target(seed=1)
+    target = TargetLM(model)
+    prompt = torch.tensor([3, 1, 4])
+    ref, _ = plain_decode(target, prompt, max_new_tokens=20)
+    out, stats = SpeculativeDecoder(target, OracleDrafter(ref, length=4), budget=4).generate(prompt, 20)
+    assert torch.equal(out, ref)
+    assert stats.accepted[:-1] == [4] * (len(stats.accepted) - 1)  # every full round is accepted
+    out, stats = SpeculativeDecoder(target, RandomDrafter(23, length=4), budget=4).generate(prompt, 20)
+    assert torch.equal(out, ref)
+    assert stats.rounds >= 19 - sum(stats.accepted)
+    with pytest.raises(ValueError, match="length"):
+        OracleDrafter(ref, length=0)
+
+
+def test_drafter_configs_equal_the_benchmark_settings():
+    """configs/language_model/real/<name>_smollm2.yaml is what the specblock benchmark trains."""
+    import yaml
+
+    from lit_lowrank.benchmarks._spec_drafters import DATA, DRAFTERS, OPTIM, SEED, STEPS
+
+    for name, module in DRAFTERS.items():
+        cfg = yaml.safe_load((REPO / "configs" / "language_model" / "real" / f"{name}_smollm2.yaml").read_text())
+        args = cfg["model"]["init_args"]
+        assert cfg["seed_everything"] == SEED and cfg["trainer"]["max_steps"] == STEPS[name]
+        assert cfg["data"]["init_args"] == DATA and args["pretrained_path"] == DATA["target"]
+        for key in ("architecture", "draft_vocab", "drafter"):
+            assert args[key] == module[key], (name, key)
+        assert args["optimizer"]["init_args"] == {"lr": OPTIM["lr"], "weight_decay": OPTIM["weight_decay"]}
+        sched = args["lr_scheduler"]["init_args"]
+        assert sched == {"max_lr": OPTIM["lr"], "total_steps": STEPS[name], "pct_start": OPTIM["pct_start"]}
+        assert cfg["trainer"]["gradient_clip_val"] == 1.0
+
+
+def test_top_n_draft_vocabulary_comes_from_the_datamodule(tmp_path):
+    class Counts(pl.LightningDataModule):
+        def target_token_counts(self):
+            return torch.tensor([0, 5, 1, 9, 0, 7] + [0] * 17)
+
+        def train_dataloader(self):
+            ids = torch.randint(0, 23, (4, 10))
+            return DataLoader([{"input_ids": ids, "labels": ids}], batch_size=None)
+
+    module = DrafterDistillModule(model_config=TINY, vocab_size=23, drafter={"block_size": 2, "num_heads": 4},
+                                  draft_vocab="top:3")
+    trainer = pl.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path)
+    trainer.fit(module, datamodule=Counts())
+    assert module.drafter.draft_vocab.tolist() == [3, 5, 1]
+    torch.testing.assert_close(module.drafter.head.weight, module.target.lm_head.weight[[3, 5, 1]])
+    medusa = DrafterDistillModule(model_config=TINY, vocab_size=23, architecture="medusa",
+                                  drafter={"num_heads": 2}, draft_vocab=5)
+    assert all(h.weight.requires_grad for h in medusa.drafter.heads)  # Medusa trains its heads
+    with pytest.raises(ValueError, match="top:N"):
+        DrafterDistillModule(model_config=TINY, vocab_size=23, draft_vocab="top:99")
+
+
+def test_prompt_tokens_extend_a_frozen_target_head_vocabulary():
+    """With the target's own rows as the head, the prompt's ids join a reduced draft vocabulary (lossless)."""
+    model = tiny_target()
+    target = TargetLM(model)
+    torch.manual_seed(0)
+    net = BlockDrafterNet(32, 23, block_size=2, num_heads=4, draft_vocab_size=5).double().eval()
+    net.set_draft_vocab(torch.tensor([0, 1, 2, 3, 4]))
+    net.init_head_from(model.lm_head.weight)
+    prompt = torch.tensor([9, 17, 21, 9, 2])
+    ref, _ = plain_decode(target, prompt, max_new_tokens=12)
+    for drafter in (SpecBlockDrafter(net, blocks=2, expand=2, max_branch=3), EagleDrafter(net, depth=2, topk=2)):
+        out, _ = SpeculativeDecoder(target, drafter, budget=6).generate(prompt, max_new_tokens=12)
+        assert torch.equal(out, ref)
+        assert drafter.vocab.ids.tolist()[:5] == [0, 1, 2, 3, 4] and {9, 17, 21} <= set(drafter.vocab.ids.tolist())
+    with torch.no_grad():
+        net.head.weight.add_(0.1)  # a trained head: its rows are no longer the target's -> no extension
+    drafter = SpecBlockDrafter(net, blocks=2, expand=2, max_branch=3)
+    SpeculativeDecoder(target, drafter, budget=6).generate(prompt, max_new_tokens=4)
+    assert drafter.vocab.ids.tolist() == [0, 1, 2, 3, 4]

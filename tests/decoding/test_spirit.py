@@ -248,3 +248,32 @@ def test_pattern_goes_to_log_text_where_the_logger_has_it():
     patterns = [t[2][0][2] for t in logger.tables]
     assert all(a != b for a, b in zip(patterns, patterns[1:])) and patterns[-1] == drafter.pattern.describe()
     assert all(t[2][0][1] == pytest.approx(0.5) for t in logger.tables)
+
+
+def test_reduced_draft_vocabulary_is_lossless_and_drafts_only_its_ids():
+    model = tiny_target(seed=3)
+    target = TargetLM(model)
+    ref, _ = plain_decode(target, PROMPT, max_new_tokens=20)
+    vocab = torch.tensor([0, 2, 3, 5, 7, 11, 13, 17, 19])
+    drafter = LayerSkipDrafter(SkipPattern(mlp=frozenset({1})), draft_length=4, stop_confidence=0.0, draft_vocab=vocab)
+    seen: list[int] = []
+    original = drafter.draft
+
+    def spy(request):
+        tree = original(request)
+        seen.extend(tree.tokens.tolist())
+        return tree
+
+    drafter.draft = spy
+    out, _ = SpeculativeDecoder(target, drafter, budget=4).generate(PROMPT, max_new_tokens=20)
+    assert torch.equal(out, ref)
+    assert seen and set(seen) <= set(vocab.tolist())
+    # the reduced head is the full head's rows: with every id it drafts what the full head drafts
+    request = DraftRequest(PROMPT, None, 4, target)
+    target.start(PROMPT[:-1])
+    full = LayerSkipDrafter(SkipPattern(mlp=frozenset({1})), draft_length=4, stop_confidence=0.0).draft(request)
+    every = LayerSkipDrafter(SkipPattern(mlp=frozenset({1})), draft_length=4, stop_confidence=0.0,
+                             draft_vocab=23).draft(request)
+    assert torch.equal(full.tokens, every.tokens)
+    with pytest.raises(ValueError, match="draft_vocab"):
+        LayerSkipDrafter(draft_vocab=0)

@@ -154,3 +154,50 @@ def test_rank_probabilities_spread_bucket_mass():
     assert per_rank.shape == (8,)
     torch.testing.assert_close(per_rank, torch.tensor([0.4, 0.2, 0.1, 0.1, 0.025, 0.025, 0.025, 0.025]))
     torch.testing.assert_close(per_rank.sum(), torch.tensor(0.9))
+
+
+def _naive_ancestors(parents: list[int]) -> torch.Tensor:
+    n = len(parents)
+    anc = torch.eye(n, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        while p >= 0:
+            anc[i, p] = True
+            p = parents[p]
+    return anc
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_vectorised_layout_and_greedy_accept_match_a_naive_walk(seed):
+    """Pointer-doubling ancestors, depths and the vectorised greedy rule against loops, on random trees."""
+    from lit_lowrank.ops.speculative import accept_greedy, tree_ancestor_matrix, tree_layout
+
+    g = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(2, 40, (1,), generator=g))
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)]
+    assert torch.equal(tree_ancestor_matrix(torch.tensor(parents)), _naive_ancestors(parents))
+    # distinct siblings: a child's token is its index among its parent's children
+    tokens, count = [0] * n, {}
+    for i, p in enumerate(parents[1:], start=1):
+        tokens[i] = count.get(p, 0)
+        count[p] = tokens[i] + 1
+    layout = tree_layout(torch.tensor(tokens), torch.tensor(parents))
+    assert torch.equal(layout.depths, _naive_ancestors(parents).sum(-1) - 1)
+    for _ in range(5):
+        argmax = torch.randint(0, 3, (n,), generator=g)
+        path = [0]
+        while True:  # the naive walk
+            kids = [c for c in range(n) if parents[c] == path[-1] and tokens[c] == int(argmax[path[-1]])]
+            if not kids:
+                break
+            path.append(kids[0])
+        assert accept_greedy(layout, argmax) == (path, int(argmax[path[-1]]))
+
+
+def test_chain_layout_needs_no_mask():
+    from lit_lowrank.ops.speculative import accept_greedy, tree_layout
+
+    layout = tree_layout(torch.tensor([5, 6, 7, 8]), torch.tensor([-1, 0, 1, 2]))
+    assert layout.chain and layout.attention_mask(10) is None
+    assert layout.position_ids(10).tolist() == [10, 11, 12, 13]
+    assert accept_greedy(layout, torch.tensor([6, 7, 1, 3])) == ([0, 1, 2], 1)
+    assert accept_greedy(layout, torch.tensor([6, 7, 8, 3])) == ([0, 1, 2, 3], 3)

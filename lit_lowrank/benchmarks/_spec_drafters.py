@@ -1,0 +1,104 @@
+"""The specblock benchmark's drafters on SmolLM2-135M-Instruct: training settings and the checkpoint cache.
+
+Each drafter is trained once by :class:`~lit_lowrank.decoding.training.DrafterDistillModule` on
+:class:`~lit_lowrank.decoding.distill_data.SelfDistillDataModule` (the target's own greedy answers
+to Lee-news instructions, its teacher-forced features and argmax) — exactly what
+``lit-lowrank fit --config configs/language_model/real/<name>_smollm2.yaml`` runs (a test keeps
+the YAML files equal to :data:`DRAFTERS`). The trained network is saved under
+``$LIT_LOWRANK_CACHE/specblock-drafters/<name>-<key>.pt`` (``key`` hashes the settings), so the
+benchmark trains only on its first run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+#: Training data of every drafter (SelfDistillDataModule arguments).
+DATA: dict[str, Any] = dict(target="smollm2", corpus="lee", prompts=96, val_prompts=16, max_new_tokens=96,
+                            seq_len=64, batch_size=4, seed=0)
+# one SmolLM2-sized decoder layer; its head reads the features as the target's head does (no fresh norm)
+_LAYER = dict(num_layers=1, num_heads=9, intermediate_size=1536, context_window=16, head_norm=False)
+#: DrafterDistillModule arguments per drafter (sized as in their papers relative to the target).
+DRAFTERS: dict[str, dict[str, Any]] = {
+    "eagle": dict(architecture="block", draft_vocab="top:4096",
+                  drafter=dict(block_size=1, layer_shift=False, rank_head=False, valid_prefix=False, **_LAYER)),
+    "specblock": dict(architecture="block", draft_vocab="top:4096",
+                      drafter=dict(block_size=4, layer_shift=True, rank_head=True, valid_prefix=True, **_LAYER)),
+    "medusa": dict(architecture="medusa", draft_vocab="top:4096", drafter=dict(num_heads=4)),
+}
+#: Optimiser and trainer settings (the same for every drafter).
+OPTIM: dict[str, Any] = dict(lr=1e-3, weight_decay=0.0, pct_start=0.1)
+STEPS: dict[str, int] = {"eagle": 300, "specblock": 300, "medusa": 300}
+SEED = 0
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("LIT_LOWRANK_CACHE") or Path.home() / ".cache" / "lit_lowrank"
+    return Path(root) / "specblock-drafters"
+
+
+def settings_key(name: str) -> str:
+    """A hash of everything that determines drafter ``name`` (data, network, optimiser, steps, seed)."""
+    blob = json.dumps({"data": DATA, "module": DRAFTERS[name], "optim": OPTIM, "steps": STEPS[name], "seed": SEED},
+                      sort_keys=True)
+    return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+
+def train_drafter(name: str, callbacks: list[Any] | None = None) -> tuple[torch.nn.Module, dict[str, float]]:
+    """Fit drafter ``name`` with Lightning (the ``lit-lowrank fit`` recipe); returns the network and train info."""
+    import functools
+
+    import lightning.pytorch as pl
+
+    from lit_lowrank.decoding.distill_data import SelfDistillDataModule
+    from lit_lowrank.decoding.training import DrafterDistillModule
+
+    pl.seed_everything(SEED, verbose=False)
+    steps = STEPS[name]
+    optimizer = functools.partial(torch.optim.AdamW, lr=OPTIM["lr"], weight_decay=OPTIM["weight_decay"])
+    scheduler = functools.partial(torch.optim.lr_scheduler.OneCycleLR, max_lr=OPTIM["lr"], total_steps=steps,
+                                  pct_start=OPTIM["pct_start"])
+    module = DrafterDistillModule(pretrained_path=DATA["target"], optimizer=optimizer, lr_scheduler=scheduler,
+                                  **DRAFTERS[name])
+    data = SelfDistillDataModule(**DATA)
+    trainer = pl.Trainer(max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, accelerator="cpu", devices=1, gradient_clip_val=1.0,
+                         num_sanity_val_steps=0, val_check_interval=steps, check_val_every_n_epoch=None,
+                         callbacks=callbacks)
+    start = time.perf_counter()
+    trainer.fit(module, datamodule=data)
+    info = {"train_seconds": time.perf_counter() - start, "steps": steps}
+    info.update({k: float(v) for k, v in trainer.callback_metrics.items()})
+    return module.drafter.eval(), info
+
+
+def trained_drafter(name: str, callbacks: list[Any] | None = None) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """Drafter ``name`` from the cache, trained and cached first if absent; ``(network, info)``.
+
+    ``info`` holds the training time (``train_seconds``, wall, of the run that made the cache) and
+    the last logged metrics; ``cached`` says whether this call trained.
+    """
+    from lit_lowrank.models.spec_drafter import BlockDrafterNet, MedusaHeads
+
+    if name not in DRAFTERS:
+        raise ValueError(f"Unknown drafter {name!r}; expected one of {sorted(DRAFTERS)}.")
+    path = _cache_dir() / f"{name}-{settings_key(name)}.pt"
+    cls = MedusaHeads if DRAFTERS[name]["architecture"] == "medusa" else BlockDrafterNet
+    if path.is_file():
+        blob = torch.load(path, weights_only=False)
+        net = cls(**blob["config"])
+        net.load_state_dict(blob["state_dict"])
+        return net.eval(), dict(blob["info"], cached=True)
+    net, info = train_drafter(name, callbacks)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    torch.save({"config": net.config, "state_dict": net.state_dict(), "info": info}, tmp)
+    os.replace(tmp, path)  # atomic: other processes share the cache root
+    return net, dict(info, cached=False)
