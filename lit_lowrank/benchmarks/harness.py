@@ -173,19 +173,3 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
-
-
-def legacy_claim(text: str, measured: float, target: float, op: str = ">=") -> dict[str, Any]:
-    """A point-estimate claim of the old contract (no paper, quantity, units or CI).
-
-    Kept only while benchmarks move to :func:`claim`; a benchmark that still emits one
-    is written with ``valid: false``.
-    """
-    import operator
-
-    ops = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
-    if op not in ops:
-        raise ValueError(f"`op`={op!r}, expected one of {sorted(ops)}.")
-    measured = float(measured)
-    return {"claim": text, "measured": measured, "target": float(target), "op": op,
-            "holds": bool(ops[op](measured, target))}

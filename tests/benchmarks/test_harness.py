@@ -140,10 +140,11 @@ def test_a_control_that_holds_or_none_makes_the_run_invalid(monkeypatch, capsys)
     assert main(["bench", "fake", "--quick", "--strict"]) == 0
 
 
-def test_legacy_point_claims_make_the_run_invalid():
-    from lit_lowrank.benchmarks.harness import legacy_claim, validity
+def test_point_claims_without_protocol_fields_make_the_run_invalid():
+    from lit_lowrank.benchmarks.harness import validity
 
-    reasons = validity([legacy_claim("old", 1.0, 0.5)], [])
+    old_style = {"claim": "old", "measured": 1.0, "target": 0.5, "op": ">=", "holds": True}
+    reasons = validity([old_style], [])
     assert any("lacks" in r for r in reasons)
 
 
