@@ -109,7 +109,13 @@ def _read_until(run: Path, keys: list[str], seconds: float = 60.0) -> tuple[dict
 
     deadline = time.monotonic() + seconds
     while True:
-        config, images = read_run(run)
+        try:
+            config, images = read_run(run)
+        except Exception:  # noqa: BLE001 - wandb-core may be mid-record (a truncated protobuf): read again
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+            continue
         if all(images.get(k) for k in keys) and "method" in config or time.monotonic() > deadline:
             return config, images
         time.sleep(1.0)

@@ -44,7 +44,13 @@ def _finished_records(run_file: Path, timeout_s: float = 120.0) -> list:
 
     deadline = time.monotonic() + timeout_s
     while True:
-        records = list(_records(run_file))
+        try:
+            records = list(_records(run_file))
+        except Exception:  # noqa: BLE001 - a record still being written (truncated protobuf): read again
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+            continue
         if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
             return records
         time.sleep(0.5)
