@@ -167,6 +167,15 @@ class MoEQuantQAT(MethodCallback):
                 trainable.add(id(getattr(experts, f"lora_B_{proj}")))
                 if self.train_experts:
                     trainable.add(id(getattr(experts.base, proj)))
+        from peft.tuners.tuners_utils import BaseTunerLayer  # only here: the CLI stays free of PEFT's import
+
+        adapters = sorted(name for name, m in pl_module.named_modules() if isinstance(m, BaseTunerLayer)
+                          and any(p.requires_grad and id(p) not in trainable for p in m.parameters()))
+        if adapters:  # freezing them would train nothing the user asked for, silently
+            raise RuntimeError(
+                f"MoEQuantQAT trains only the experts' compensators and would freeze the trainable adapters on "
+                f"{adapters[:4]}{' ...' if len(adapters) > 4 else ''}; inject the adapters after MoEQuantQAT's setup "
+                "(list AdapterInjector after MoEQuantQAT in the callbacks) or leave them out.")
         for p in pl_module.parameters():
             p.requires_grad_(id(p) in trainable)
 

@@ -262,3 +262,19 @@ def test_random_subspace_compensators_keep_ranks_and_leave_more_residual():
         assert torch.equal(p1, p2), n1  # seeded
     with pytest.raises(ValueError, match="init"):
         apply_moe_quant(tiny_moe("qwen3_moe"), init="orthogonal")
+
+
+def test_qat_refuses_to_freeze_an_adapter_injected_before_it():
+    """#29: an adapter injected before MoE QAT's setup would be frozen silently; it is refused, naming the fix."""
+    from lit_lowrank.adapters import inject_adapters
+    from lit_lowrank.callbacks.moe_quant import MoEQuantQAT
+    from lit_lowrank.tasks import CausalLMModule
+
+    cfg = {"model_type": "qwen3_moe", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+           "num_key_value_heads": 1, "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2,
+           "moe_intermediate_size": 32, "intermediate_size": 64}
+    module = CausalLMModule(model_config=cfg)
+    MoEQuantQAT(avg_rank=2)._freeze(module)  # no adapter: freezes quietly
+    inject_adapters(module, method="lora", target_modules=["q_proj"], rank=2)
+    with pytest.raises(RuntimeError, match="q_proj.*AdapterInjector after MoEQuantQAT"):
+        MoEQuantQAT(avg_rank=2)._freeze(module)
