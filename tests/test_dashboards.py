@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from lit_lowrank.cli_lightning import LitLowRankCLI
+from tests.test_wandb import _records  # the one offline run-file reader
 
 #: the quickstart of each task family, and the image keys its first validation must log
 QUICKSTARTS = {
@@ -21,29 +22,6 @@ QUICKSTARTS = {
     "rl": ("configs/rl/fb_temporal_gridworld.yaml", ["method/fb_temporal/zero_shot_returns"]),
     "fewshot": ("configs/fewshot/clip_lora_digits.yaml", ["val/confusion"]),
 }
-
-
-def _records(run_file: Path):
-    """Protobuf ``Record`` messages of an offline ``run-<id>.wandb`` file (7-byte header, then
-    LevelDB log blocks of 32 KiB: chunks ``crc(4) length(2, LE) type(1) data``)."""
-    from wandb.proto import wandb_internal_pb2
-
-    data = run_file.read_bytes()
-    block, pos, pending = 32768, 7, b""
-    while pos + 7 <= len(data):
-        if block - pos % block < 7:
-            pos += block - pos % block
-            continue
-        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
-        chunk = data[pos + 7:pos + 7 + length]
-        pos += 7 + length
-        if kind == 0 and length == 0:
-            continue
-        pending = chunk if kind in (1, 2) else pending + chunk
-        if kind in (1, 4):
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(pending)
-            yield record
 
 
 def read_run(run_dir: Path) -> tuple[dict, dict[str, list[Path]]]:
