@@ -29,6 +29,7 @@ the JSON of DESIGN.md; ``lit-lowrank bench --table`` turns the committed JSON un
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib
 import json
@@ -36,7 +37,7 @@ import os
 import platform
 import pkgutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,20 @@ class BenchmarkResult:
     controls: list[dict[str, Any]] = field(default_factory=list)
     notes: dict[str, Any] = field(default_factory=dict)
     summary: list[dict[str, Any]] | None = None
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run a section with ``n`` intra-op threads (restored after): a training section pinned to one thread
+    follows the same float trajectory on any machine, so its rows do not depend on the core count."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def validity(claims: Sequence[dict[str, Any]], controls: Sequence[dict[str, Any]]) -> list[str]:

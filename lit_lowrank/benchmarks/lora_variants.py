@@ -39,10 +39,9 @@ stable rank above rank-8 LoRA's, LoRA with another seed and LoRA on shuffled lab
 
 from __future__ import annotations
 
-import contextlib
 import math
 import statistics
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -59,7 +58,7 @@ from lit_lowrank.benchmarks._adapter_finetune import (
     tweet_splits,
 )
 from lit_lowrank.benchmarks._condition_sweep import condition_rows
-from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, paired
+from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, paired, torch_threads
 
 SDS_PAPER = ("SDS-LoRA (arXiv 2606.16454): \"while LoRA's convergence rate degrades with the condition number of the "
              "low-rank matrices, SDS-LoRA remains independent of it\"")
@@ -85,16 +84,6 @@ ADAPTER_LRS: tuple[float, ...] = (1e-3, 3e-3, 1e-2)
 FULL_LRS: tuple[float, ...] = (1e-5, 3e-5, 1e-4)   # the same 3-point grid on full fine-tuning's own scale
 ADAPTER_LRS_QUICK: tuple[float, ...] = (3e-3, 1e-2)  # quick: the 2 upper points, the same grid for every method
 FULL_LRS_QUICK: tuple[float, ...] = (3e-5, 1e-4)
-
-
-@contextlib.contextmanager
-def _threads(n: int) -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 # ---------------------------------------------------------------- 2. matched-parameter fit of ΔW*
@@ -345,7 +334,7 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
 
     seeds = [seed + i for i in range(3 if quick else 5)]
     notes: dict[str, Any] = {"seeds": seeds}
-    with _threads(1):  # small ops: on 2 shared cores a second thread only adds contention
+    with torch_threads(1):  # small ops: on 2 shared cores a second thread only adds contention
         rows = condition_rows([1.0, 10.0, 100.0, 1000.0], seeds=[seed + i for i in range(4 if quick else 10)],
                               tuning_seeds=[seed + 100 + i for i in range(2 if quick else 3)],
                               max_steps=400 if quick else 2000)
@@ -356,7 +345,7 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
         polar_rows, polar_notes = polar_rank_rows(seeds, steps=600 if quick else 2000, early=300)
         rows += polar_rows
         notes.update(polar_notes)
-    with _threads(2):
+    with torch_threads(2):
         if quick:
             # quick budget (measured per run, see FT_METHODS_QUICK): 5 methods × 2 lrs on seed 0, 2 more seeds at
             # the selected lr, 6 control runs = 26 runs of 20 steps, diagnostics at steps 10 and 20

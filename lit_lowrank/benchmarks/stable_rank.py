@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lit_lowrank.benchmarks.harness import BenchmarkResult, statistic_claim
+from lit_lowrank.benchmarks.harness import BenchmarkResult, statistic_claim, torch_threads
 from lit_lowrank.datamodules.preference import PreferencePair, degradation_pairs
 from lit_lowrank.datamodules.prompts import PromptDataModule, arithmetic_problems, arithmetic_reward
 from lit_lowrank.decoding.stable_rank import (
@@ -425,9 +425,9 @@ def _sr_grpo(model, tok, quick: bool, sizes: dict, seed: int) -> tuple[list[dict
 def _claims(rows: list[dict], seeds: Sequence[int], gaming: bool = True) -> tuple[list[dict], list[dict]]:
     """Claims and controls from the rows; ``gaming=False`` leaves out the degenerate-response claim and its control.
 
-    Quick mode passes ``gaming=False``: its GRPO dose (30 steps at lr 1e-4) moved even a pure length reward by only
-    +0.2 tokens and +0.02 degenerate rate (quick run of 2026-12-01), so the control holds and "does not game" could
-    not fail there. The rows still report tokens and degenerate rates before / after for every reward.
+    Both modes claim it: the control (GRPO on response length must show gaming) decides whether the dose can see
+    gaming at all — if it ever holds, the run is marked invalid instead of reporting "does not game". (An earlier
+    quick policy moved a pure length reward by only +0.02 degenerate rate, so quick had left the claim out.)
     """
     pw = [r for r in rows if r["section"] == "pairwise"]
     bon = [r for r in rows if r["section"] == "best_of_n"]
@@ -554,10 +554,11 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
     reference = timed("length_reference", scorer.length_reference)
     bon_rows, correctness = timed("best_of_n", lambda: _best_of_n(model, tok, scorer, sizes, seed))
     pair_rows = timed("pairwise", lambda: _pairwise(model, tok, scorer, sizes, seed, correctness))
-    grpo_rows, auc = timed("sr_grpo", lambda: _sr_grpo(model, tok, quick, sizes, seed))
+    with torch_threads(1):  # the tiny policy's steps gain nothing from 2 threads (48 vs 111 CPU-s, same rows)
+        grpo_rows, auc = timed("sr_grpo", lambda: _sr_grpo(model, tok, quick, sizes, seed))
     rows = pair_rows + bon_rows + grpo_rows
     seeds = list(range(seed, seed + sizes["grpo_seeds"]))
-    claims, controls = _claims(rows, seeds, gaming=not quick)
+    claims, controls = _claims(rows, seeds)
     notes = {
         "scorer": "SmolLM2-135M-Instruct (offline GGUF, dequantised), chat template, post-final-norm, special "
                   "tokens excluded, uncentred; stable_rank = raw / E[srank | T] of Lee test articles",
