@@ -154,8 +154,9 @@ def assign_codewords(directions: Tensor, codebook: Tensor, chunk: int | None = N
     """``argmax_k <u_n, c_k>`` for each row of ``directions (N, 8)``; int64 ``(N,)`` (first index on ties)."""
     codebook = codebook.float()
     k = codebook.shape[0]
-    # ~1M cosines per chunk: the (chunk, K) score matrix stays in cache instead of costing a GB at K=4096
-    chunk = chunk or max(256, (1 << 20) // k)
+    # ~8M cosines (32 MB) per chunk: measured fastest on 2 cores (K=4096: 1.50 s per 1M vectors at 2,048 rows,
+    # 2.05 s at 256, 2.67 s at 8,192), and bounded instead of costing a GB for the whole (N, K) matrix
+    chunk = chunk or max(256, (1 << 23) // k)
     # torch's argmax over a long row is scalar code (~10x the matmul at K=4096); a vectorised max over
     # blocks of 64 codewords, then argmax over the block maxima and within the winning block, gives the
     # same (first-index) answer from the same scores at about a third of the cost
