@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 #: Training data of every drafter (SelfDistillDataModule arguments).
-DATA: dict[str, Any] = dict(target="smollm2", corpus="lee", prompts=96, val_prompts=16, max_new_tokens=96,
+DATA: dict[str, Any] = dict(target="smollm2", corpus="lee", prompts=240, val_prompts=16, max_new_tokens=96,
                             seq_len=64, batch_size=4, seed=0)
 # one SmolLM2-sized decoder layer; its head reads the features as the target's head does (no fresh norm)
 _LAYER = dict(num_layers=1, num_heads=9, intermediate_size=1536, context_window=16, head_norm=False)
@@ -35,7 +35,7 @@ DRAFTERS: dict[str, dict[str, Any]] = {
 }
 #: Optimiser and trainer settings (the same for every drafter).
 OPTIM: dict[str, Any] = dict(lr=1e-3, weight_decay=0.0, pct_start=0.1)
-STEPS: dict[str, int] = {"eagle": 300, "specblock": 300, "medusa": 300}
+STEPS: dict[str, int] = {"eagle": 600, "specblock": 600, "medusa": 600}
 SEED = 0
 
 
