@@ -181,7 +181,7 @@ def run(quick: bool, seed: int = 0) -> BenchmarkResult:
     cal_index = torch.randperm(len(dm.train_set), generator=gen)[: cfg["calibration_windows"]].tolist()
     n_eval = len(dm.val_set) if cfg["eval_windows"] is None else min(cfg["eval_windows"], len(dm.val_set))
     calibration = _batches(dm.train_set, cal_index)
-    evaluation = _batches(dm.val_set, list(range(n_eval)))
+    evaluation = _batches(dm.val_set, list(range(n_eval)), size=8)
     originals = select_linears(model, TARGET)
     num_weights = sum(m.weight.numel() for m in originals.values())
     hessians = timed("hessians", lambda: collect_hessians(model, originals, calibration, _lm_forward))

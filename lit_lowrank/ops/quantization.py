@@ -429,7 +429,7 @@ def gptq_sweep(w: Tensor, hessian: Tensor, bits: int, group_size: int = 128, dam
             q = _round_codes(block[..., i], lo[..., g], step[..., g], bits)
             codes[..., col] = q
             err = (block[..., i] - (lo[..., g] + step[..., g] * q)) / h_block[:, i, i, None]
-            block[..., i:] -= err[..., None] * h_block[:, None, i, i:]
+            block[..., i:].baddbmm_(err[..., None], h_block[:, i : i + 1, i:], alpha=-1)  # no temporary
             errors[..., i] = err
         weight[..., b1:] -= errors @ h_inv[:, b0:b1, b1:]
     return codes.long(), lo.half(), step.half()

@@ -40,6 +40,7 @@ from lit_lowrank.ops.quantization import (
     rtn_quantize,
     split_fields,
     uniform_bits,
+    uniform_dequantize,
     unpack_items,
 )
 from lit_lowrank.quant.linear import QuantizedLinear, model_bits
@@ -111,12 +112,7 @@ class UniformQuantLinear(QuantizedLinear):
 
     def dequantize_unrotated(self) -> Tensor:
         """The effective weight in the original input basis (``W_hat R`` for a rotated layer)."""
-        w = self.dequantize()
-        if not self.rotate:
-            return w
-        # R = H D / sqrt(b) with H symmetric, so each row's R^T w = D H w / sqrt(b)
-        signs = self.hadamard_signs.float()
-        return hadamard_rotate(w, torch.ones_like(signs), self.hadamard_block) * signs
+        return _unrotate(self.dequantize(), self.hadamard_signs if self.rotate else None)
 
     def storage(self) -> BitsBreakdown:
         s = uniform_bits(self.out_features, self.in_features, self.bits, self.group_size)
@@ -125,6 +121,15 @@ class UniformQuantLinear(QuantizedLinear):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, bits={self.bits}, group_size={self.group_size}, rotate={self.rotate}"
+
+
+def _unrotate(w: Tensor, signs: Tensor | None) -> Tensor:
+    """``W_hat`` in the original input basis: ``W_hat R`` for a rotated layer (``signs`` given), else ``W_hat``."""
+    if signs is None:
+        return w
+    # R = H D / sqrt(b) with H symmetric, so each row's R^T w = D H w / sqrt(b)
+    signs = signs.float()
+    return hadamard_rotate(w, torch.ones_like(signs), hadamard_block_size(w.shape[1])) * signs
 
 
 def quantize_weight(w: Tensor, bits: int, group_size: int, method: UniformMethod = "rtn",
@@ -252,7 +257,8 @@ def quantize_uniform(
             start += w.shape[0]
             part = UniformCodes(codes.codes[rows], codes.minimum[rows], codes.step[rows], bits, group_size)
             layer = UniformQuantLinear.from_codes(part, layers[name].bias, signs)
-            err_num += float((layer.dequantize_unrotated() - w).pow(2).sum())
+            # from the codes, not the packed stream: decoding 100M packed weights again costs seconds
+            err_num += float((_unrotate(uniform_dequantize(part), signs) - w).pow(2).sum())
             err_den += float(w.pow(2).sum())
             replace_module(model, name, mark_replaced(layer, "uniform_quant"))
     record_surgery(model, f"uniform_{method}", rebuild_uniform_layers,
