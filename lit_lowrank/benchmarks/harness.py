@@ -72,8 +72,7 @@ class BenchmarkResult:
 
 @contextlib.contextmanager
 def torch_threads(n: int) -> Iterator[None]:
-    """Run a section with ``n`` intra-op threads (restored after): a training section pinned to one thread
-    follows the same float trajectory on any machine, so its rows do not depend on the core count."""
+    """Run a section with ``n`` intra-op threads, restored after (small-op sections run faster on one)."""
     import torch
 
     before = torch.get_num_threads()

@@ -107,21 +107,22 @@ def collect_hessians(model: nn.Module, layers: dict[str, nn.Module], batches: It
     """
     sums: dict[str, Tensor] = {}
     counts: dict[str, int] = {}
-    # layers reading the same input tensor in a row (q/k/v, gate/up) share one X^T X product; the
-    # cached input is held, so its id cannot be reused by another tensor while it is compared
-    last: list[Any] = [None, None]
+    # layers reading the same, unmodified input tensor in a row (q/k/v, gate/up) share one X^T X product;
+    # the cached input is held, so its id cannot be reused by another tensor while it is compared, and its
+    # version counter catches an in-place change between the two reads
+    last: list[Any] = [None, -1, None]
 
     def hook_for(name: str) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
             inp = args[0]
             x = inp.detach().reshape(-1, inp.shape[-1])
-            if last[0] is not inp:
+            if last[0] is not inp or last[1] != inp._version:
                 xf = x.float()
-                last[0], last[1] = inp, xf.T @ xf
+                last[:] = [inp, inp._version, xf.T @ xf]
             if name not in sums:
                 sums[name] = torch.zeros(x.shape[1], x.shape[1], device=x.device)
                 counts[name] = 0
-            sums[name] += last[1]
+            sums[name] += last[2]
             counts[name] += x.shape[0]
         return hook
 
@@ -138,7 +139,7 @@ def collect_hessians(model: nn.Module, layers: dict[str, nn.Module], batches: It
         for handle in handles:
             handle.remove()
         model.train(was_training)
-        last[0] = last[1] = None
+        last[:] = [None, -1, None]
     missing = [n for n in layers if n not in sums]
     if missing:
         raise RuntimeError(f"collect_hessians: layers {missing[:4]} saw no input during calibration; check that the "
