@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import numpy as np
@@ -126,6 +126,25 @@ def normalize_label(raw: str) -> str | None:
     return _ALIASES.get(key)
 
 
+def _keep_rows(x: np.ndarray, raw: Any, canon: list[Any], known: np.ndarray, unknown_labels: str,
+               report: dict[str, int], feats: list[np.ndarray], labels: list[Any], outside: str) -> None:
+    """Append one file's finite rows with a known (or, with ``unknown_labels='other'``, any) label to
+    ``feats`` / ``labels`` and count what was dropped; ``outside`` starts the error for unknown labels."""
+    report["rows"] += len(x)
+    finite = np.isfinite(x).all(1)  # inf, NaN and unparsable cells (-> NaN)
+    if unknown_labels == "error" and not known.all():
+        bad = sorted({str(v) for v, k in zip(raw, known) if not k})
+        raise ValueError(f"{outside}: {bad[:5]}; pass unknown_labels='drop' or 'other'")
+    if unknown_labels == "other":
+        canon = [c if k else "Other" for c, k in zip(canon, known)]
+        known = np.ones_like(known)
+    report["dropped_nonfinite"] += int((~finite).sum())
+    report["dropped_unknown"] += int((finite & ~known).sum())
+    keep = finite & known
+    feats.append(x[keep])
+    labels.extend(c for c, k in zip(canon, keep) if k)
+
+
 def load_flow_csv(
     path: str | Path,
     dataset: Literal["cicids2017", "cicddos2019"] = "cicids2017",
@@ -178,21 +197,9 @@ def load_flow_csv(
                              f"expected the 78 CICFlowMeter features of {dataset} and a 'Label' column")
         x = frame[list(FLOW_FEATURES)].apply(pd.to_numeric, errors="coerce").to_numpy(np.float64)
         canon = [normalize_label(v) for v in frame["Label"].astype(str)]
-        report["rows"] += len(frame)
-        finite = np.isfinite(x).all(1)  # inf, NaN and unparsable cells (-> NaN)
         known = np.array([c is not None and c in vocabulary for c in canon], dtype=bool)
-        if unknown_labels == "error" and not known.all():
-            bad = sorted({str(v) for v, k in zip(frame["Label"], known) if not k})
-            raise ValueError(f"load_flow_csv: {file.name} has labels outside the {dataset} vocabulary: {bad[:5]}; "
-                             "pass unknown_labels='drop' or 'other'")
-        if unknown_labels == "other":
-            canon = [c if k else "Other" for c, k in zip(canon, known)]
-            known = np.ones_like(known)
-        report["dropped_nonfinite"] += int((~finite).sum())
-        report["dropped_unknown"] += int((finite & ~known).sum())
-        keep = finite & known
-        feats.append(x[keep])
-        labels.extend(c for c, k in zip(canon, keep) if k)
+        _keep_rows(x, frame["Label"].astype(str), canon, known, unknown_labels, report, feats, labels,
+                   f"load_flow_csv: {file.name} has labels outside the {dataset} vocabulary")
     features = np.concatenate(feats) if feats else np.zeros((0, 78))
     report["kept"] = len(labels)
     return features, np.array(labels, dtype=object), report
@@ -243,21 +250,9 @@ def load_unsw_csv(
         x = frame[list(UNSW_FEATURES)].apply(pd.to_numeric, errors="coerce").to_numpy(np.float64)
         raw = frame["attack_cat"].fillna("").astype(str)
         canon = [_UNSW_ALIASES.get(re.sub(r"[^a-z0-9]+", "", v.lower())) for v in raw]
-        report["rows"] += len(frame)
-        finite = np.isfinite(x).all(1)
         known = np.array([c is not None for c in canon], dtype=bool)
-        if unknown_labels == "error" and not known.all():
-            bad = sorted({v for v, k in zip(raw, known) if not k})
-            raise ValueError(f"load_unsw_csv: {file.name} has categories outside UNSW-NB15's ten: {bad[:5]}; "
-                             "pass unknown_labels='drop' or 'other'")
-        if unknown_labels == "other":
-            canon = [c if k else "Other" for c, k in zip(canon, known)]
-            known = np.ones_like(known)
-        report["dropped_nonfinite"] += int((~finite).sum())
-        report["dropped_unknown"] += int((finite & ~known).sum())
-        keep = finite & known
-        feats.append(x[keep])
-        labels.extend(c for c, k in zip(canon, keep) if k)
+        _keep_rows(x, raw, canon, known, unknown_labels, report, feats, labels,
+                   f"load_unsw_csv: {file.name} has categories outside UNSW-NB15's ten")
     features = np.concatenate(feats) if feats else np.zeros((0, len(UNSW_FEATURES)))
     report["kept"] = len(labels)
     return features, np.array(labels, dtype=object), report
