@@ -45,6 +45,20 @@ class IMLEResult:
     changes: list[float] = field(default_factory=list)
 
 
+def _cell_counts(x: Tensor, mask: Tensor, quadrature_limit: float, num_bins: int) -> Tensor:
+    """Record counts per (setting, cell), float64 ``(S · B^M,)``, setting-major; records outside the grid
+    or masked out are not counted."""
+    num_settings, _, num_modes = x.shape
+    width = 2 * quadrature_limit / num_bins
+    cell = torch.floor((x.double() + quadrature_limit) / width).long()
+    inside = mask & ((cell >= 0) & (cell < num_bins)).all(-1)
+    flat = torch.zeros(x.shape[:2], dtype=torch.long)
+    for m in range(num_modes):
+        flat = flat * num_bins + cell[..., m].clamp(0, num_bins - 1)
+    key = (torch.arange(num_settings)[:, None] * num_bins**num_modes + flat)[inside]
+    return torch.bincount(key, minlength=num_settings * num_bins**num_modes).double()
+
+
 def bin_homodyne(
     theta: Tensor, x: Tensor, mask: Tensor | None, quadrature_limit: float, num_bins: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -64,14 +78,7 @@ def bin_homodyne(
         raise ValueError(f"`theta` has shape {tuple(theta.shape)}, expected ({num_settings}, {num_modes}).")
     mask = torch.ones(x.shape[:2], dtype=torch.bool) if mask is None else mask.bool()
     width = 2 * quadrature_limit / num_bins
-    cell = torch.floor((x.double() + quadrature_limit) / width).long()
-    inside = mask & ((cell >= 0) & (cell < num_bins)).all(-1)
-    flat = torch.zeros(x.shape[:2], dtype=torch.long)
-    for m in range(num_modes):
-        flat = flat * num_bins + cell[..., m].clamp(0, num_bins - 1)
-    setting = torch.arange(num_settings)[:, None].expand_as(flat)
-    key = (setting * num_bins**num_modes + flat)[inside]
-    counts = torch.bincount(key, minlength=num_settings * num_bins**num_modes).double()
+    counts = _cell_counts(x, mask, quadrature_limit, num_bins)
     nonzero = counts.nonzero().squeeze(-1)
     s, rest = nonzero // num_bins**num_modes, nonzero % num_bins**num_modes
     centres = []
@@ -110,14 +117,7 @@ def histogram_records(x: Tensor, mask: Tensor | None, quadrature_limit: float, n
     """``(S, B[, B])`` record frequencies per setting on the cell grid, normalised over all valid records."""
     num_settings, _, num_modes = x.shape
     mask = torch.ones(x.shape[:2], dtype=torch.bool) if mask is None else mask.bool()
-    width = 2 * quadrature_limit / num_bins
-    cell = torch.floor((x.double() + quadrature_limit) / width).long()
-    inside = mask & ((cell >= 0) & (cell < num_bins)).all(-1)
-    flat = torch.zeros(x.shape[:2], dtype=torch.long)
-    for m in range(num_modes):
-        flat = flat * num_bins + cell[..., m].clamp(0, num_bins - 1)
-    key = (torch.arange(num_settings)[:, None] * num_bins ** num_modes + flat)[inside]
-    counts = torch.bincount(key, minlength=num_settings * num_bins ** num_modes).double()
+    counts = _cell_counts(x, mask, quadrature_limit, num_bins)
     total = mask.sum().clamp_min(1).double()
     return (counts / total).reshape(num_settings, *([num_bins] * num_modes))
 
