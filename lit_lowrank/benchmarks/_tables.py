@@ -119,9 +119,9 @@ def readme_table(results: dict[str, dict[str, Any]], root: Path | None = None) -
         text = "<br>".join(f"{c.get('verdict', '?')}: {fmt(c.get('claim'))} ({fmt(c.get('estimate'))}, CI "
                            f"{_ci(c)})" for c in claims)
         ctl = "<br>".join(f"{c.get('verdict', '?')}: {fmt(c.get('claim'))}" for c in controls) or "none"
-        card = f"docs/methods/{name}.md"
-        if root is not None and not (root / card).exists():
-            card = "docs/benchmarks.md"
+        # a method's card, else a tooling benchmark's own page, else the shared benchmarks page
+        candidates = (f"docs/methods/{name}.md", f"docs/benchmarks/{name}.md")
+        card = next((c for c in candidates if root is None or (root / c).exists()), "docs/benchmarks.md")
         label = f"[`{name}`]({card})"
         lines.append(f"| {label} | {text} | {' / '.join(map(str, counts))} | {ctl} | "
                      f"{fmt(bool(p.get('valid')))} | {fmt(p.get('seconds'))} |")
