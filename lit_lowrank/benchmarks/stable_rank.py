@@ -54,6 +54,7 @@ from lit_lowrank.decoding.stable_rank import (
     decode_completion,
     eos_token_ids,
     sample_responses,
+    score_pairs,
     select_best,
 )
 
@@ -161,22 +162,15 @@ def _pairwise(model, tok, scorer: ResponseScorer, sizes: dict, seed: int,
     lee = degradation_pairs(n_prompts=sizes["lee_prompts"], seed=seed, context_sentences=1, response_sentences=1)
     prompts = list(dict.fromkeys(p.prompt for p in lee))[: sizes["temperature_prompts"]]
     pairs = lee + temperature_pairs(model, tok, scorer, prompts, seed) + correctness
-    unique: dict[tuple[str, str], int] = {}
-    for p in pairs:
-        for response in (p.chosen, p.rejected):
-            unique.setdefault((p.prompt, response), len(unique))
-    keys = list(unique)
-    scores = scorer.signals([k[0] for k in keys], [k[1] for k in keys], SIGNALS)
-    ci = torch.tensor([unique[(p.prompt, p.chosen)] for p in pairs])
-    ri = torch.tensor([unique[(p.prompt, p.rejected)] for p in pairs])
+    chosen, rejected = score_pairs(scorer, pairs, SIGNALS)
     rng = random.Random(seed)
     rows = []
-    outcome = {name: wins(scores[name][ci], scores[name][ri]) for name in SIGNALS}
-    outcome["shortness"] = wins(-scores["length"][ci], -scores["length"][ri])
+    outcome = {name: wins(chosen[name], rejected[name]) for name in SIGNALS}
+    outcome["shortness"] = wins(-chosen["length"], -rejected["length"])
     outcome["random"] = [float(rng.random() > 0.5) for _ in pairs]
     for i, p in enumerate(pairs):
         rows.append({"section": "pairwise", "pair": i, "subset": p.subset,
-                     "tokens_chosen": int(scores["length"][ci[i]]), "tokens_rejected": int(scores["length"][ri[i]]),
+                     "tokens_chosen": int(chosen["length"][i]), "tokens_rejected": int(rejected["length"][i]),
                      **{name: outcome[name][i] for name in outcome}})
     return rows
 

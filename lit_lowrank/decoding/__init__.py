@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
         best_of_n,
         evaluate_pairs,
         pairwise_accuracy,
+        score_pairs,
     )
 
 _EXPORTS = {
@@ -71,6 +72,7 @@ _EXPORTS = {
     'best_of_n': 'lit_lowrank.decoding.stable_rank',
     'evaluate_pairs': 'lit_lowrank.decoding.stable_rank',
     'pairwise_accuracy': 'lit_lowrank.decoding.stable_rank',
+    'score_pairs': 'lit_lowrank.decoding.stable_rank',
 }
 
 __all__ = [
@@ -78,7 +80,8 @@ __all__ = [
     "BanditAdaptiveDrafter", "DecodeStats", "DraftRequest", "DraftTree", "Drafter", "EagleDrafter", "MedusaDrafter",
     "RoundFeedback", "SpecBlockDrafter", "SpeculativeDecoder", "TargetLM", "plain_decode", "skip_decoder_layers",
 ]
-__all__ += ["BestOfNResult", "ResponseScorer", "StableRankReward", "best_of_n", "evaluate_pairs", "pairwise_accuracy"]
+__all__ += ["BestOfNResult", "ResponseScorer", "StableRankReward", "best_of_n", "evaluate_pairs", "pairwise_accuracy",
+            "score_pairs"]
 __all__ += ["AgreementSearchDrafter", "LayerSkipDrafter", "OfflineBayesDrafter", "SpiritDrafter",
             "calibrate_length_profile", "pattern_matchness", "sequence_matchness", "skip_sublayers"]
 

@@ -512,15 +512,16 @@ def pairwise_accuracy(chosen: Tensor, rejected: Tensor) -> float:
     return float((chosen > rejected).float().mean())
 
 
-def evaluate_pairs(scorer: ResponseScorer, pairs: Sequence[PreferencePair],
-                   signals: Sequence[str] = SIGNALS) -> dict[str, dict[str, float]]:
-    """Pairwise accuracy of each signal, overall (``"all"``) and per ``subset``: ``{signal: {subset: acc}}``.
+def score_pairs(scorer: ResponseScorer, pairs: Sequence[PreferencePair],
+                signals: Sequence[str] = SIGNALS) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """Each signal of every pair's chosen and rejected response: ``(chosen, rejected)``, ``{signal: (P,)}``.
+
+    Each distinct ``(prompt, response)`` is scored once (data sets reuse one chosen response across pairs).
 
     .. code-block:: python
 
-        evaluate_pairs(ResponseScorer(model, tok, chat=True), degradation_pairs(16))["stable_rank"]["all"]
+        chosen, rejected = score_pairs(ResponseScorer(model, tok, chat=True), degradation_pairs(16), ["stable_rank"])
     """
-    # score each distinct (prompt, response) once: data sets reuse one chosen response across pairs
     unique: dict[tuple[str, str], int] = {}
     for p in pairs:
         for response in (p.chosen, p.rejected):
@@ -529,8 +530,19 @@ def evaluate_pairs(scorer: ResponseScorer, pairs: Sequence[PreferencePair],
     scores = scorer.signals([k[0] for k in keys], [k[1] for k in keys], signals)
     chosen_idx = torch.tensor([unique[(p.prompt, p.chosen)] for p in pairs])
     rejected_idx = torch.tensor([unique[(p.prompt, p.rejected)] for p in pairs])
-    chosen = {name: value[chosen_idx] for name, value in scores.items()}
-    rejected = {name: value[rejected_idx] for name, value in scores.items()}
+    return ({name: value[chosen_idx] for name, value in scores.items()},
+            {name: value[rejected_idx] for name, value in scores.items()})
+
+
+def evaluate_pairs(scorer: ResponseScorer, pairs: Sequence[PreferencePair],
+                   signals: Sequence[str] = SIGNALS) -> dict[str, dict[str, float]]:
+    """Pairwise accuracy of each signal, overall (``"all"``) and per ``subset``: ``{signal: {subset: acc}}``.
+
+    .. code-block:: python
+
+        evaluate_pairs(ResponseScorer(model, tok, chat=True), degradation_pairs(16))["stable_rank"]["all"]
+    """
+    chosen, rejected = score_pairs(scorer, pairs, signals)
     subsets = sorted({p.subset for p in pairs})
     table: dict[str, dict[str, float]] = {}
     for name in signals:
