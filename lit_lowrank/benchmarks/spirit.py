@@ -17,9 +17,19 @@ the grid a Draft&Verify-style Bayesian search (GP + expected improvement,
 :class:`~lit_lowrank.decoding.OfflineBayesDrafter`) finds the pattern with the best matchness on the
 target's greedy answers to ``val`` Lee prompts; the ratio whose pattern decodes fastest on a ``val``
 prompt is then used by ``offline_bayes`` (that pattern), ``agreement_only`` (SWIFT-style online
-matchness search at that ratio) and ``fixed_ratio`` (a random pattern at that ratio). SPIRIT gets
+matchness search at that ratio) and ``fixed_ratio`` (a random pattern at that ratio; full mode only: no
+claim reads it, and quick mode's 3 minutes do not hold a fourth drafter). SPIRIT gets
 no validation data: it searches the ratio online, on the test stream. Control ``random``: a
 :class:`~lit_lowrank.decoding.reference_drafters.RandomDrafter` 4-token chain.
+
+**Ceiling** (``ceiling@r``, per ratio of ``ceiling_grid``, on the first ``ceiling_prompts`` prompts of
+each domain): an always-right layer-skip drafter at ratio ``r`` — every round runs a
+``DRAFT_LENGTH``-token chain of the skipped model (the offline pattern where ``r`` is on the grid, a
+random one elsewhere; no early stop) for its cost, then proposes the true greedy continuation
+(:class:`~lit_lowrank.decoding.reference_drafters.OracleDrafter` with ``cost=``). No drafter that
+skips that many sublayers decodes faster on this machine; ``notes["ceiling"]`` sets the per-token
+acceptance it would need to break even (:func:`~lit_lowrank.ops.spirit.break_even_acceptance`) beside
+the matchness measured at that ratio.
 
 **Measure.** Decode tokens/s after the first output token, per prompt; claims are per-prompt paired
 ratios (geometric mean, t interval over prompts).
@@ -35,12 +45,16 @@ import torch
 
 from lit_lowrank.benchmarks._decoding_peers import decode_rate, engine_decode, first_divergence, hf_generate
 from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, paired
+from lit_lowrank.ops.spirit import break_even_acceptance
 
-QUICK = dict(prompts_per_domain=3, max_new=56, window=64, grid=(0.05, 0.1, 0.2), calib_prompts=2, calib_new=32,
-             bo_budget=8, bo_init=4, val_new=32, control_new=16)
-FULL = dict(prompts_per_domain=16, max_new=96, window=64, grid=(0.05, 0.1, 0.15, 0.2, 0.3), calib_prompts=4,
-            calib_new=48, bo_budget=16, bo_init=6, val_new=48, control_new=32)
+QUICK = dict(prompts_per_domain=3, max_new=48, fixed_ratio=False, window=64, grid=(0.05, 0.1, 0.2), calib_prompts=2, calib_new=32,
+             bo_budget=8, bo_init=4, val_new=32, control_new=16, ceiling_new=29, ceiling_prompts=1,
+             ceiling_grid=(0.05, 0.2, 0.5))
+FULL = dict(prompts_per_domain=16, max_new=96, fixed_ratio=True, window=64, grid=(0.05, 0.1, 0.15, 0.2, 0.3), calib_prompts=4,
+            calib_new=48, bo_budget=16, bo_init=6, val_new=48, control_new=32, ceiling_new=50, ceiling_prompts=4,
+            ceiling_grid=(0.05, 0.1, 0.2, 0.3, 0.5, 0.7))
 DRAFT_VOCAB = 8192
+DRAFT_LENGTH = 6  # every self-drafter's chain (LayerSkipDrafter's default, SWIFT-style); the ceiling's too
 PAPER = ("SPIRIT consistently outperforms strong training-free baselines and achieves up to 1.74x speedup while "
          "preserving the target model's output distribution")
 
@@ -66,7 +80,8 @@ def _run(cfg: dict[str, Any], seed: int) -> BenchmarkResult:
         plain_decode,
     )
     from lit_lowrank.decoding.distill_data import chat_prompt_ids, instruction_prompts
-    from lit_lowrank.decoding.reference_drafters import RandomDrafter
+    from lit_lowrank.decoding.reference_drafters import OracleDrafter, RandomDrafter
+    from lit_lowrank.decoding.spirit import sequence_matchness
     from lit_lowrank.models.pretrained import load_smollm2
     from lit_lowrank.ops.spirit import random_pattern
 
@@ -85,7 +100,7 @@ def _run(cfg: dict[str, Any], seed: int) -> BenchmarkResult:
     domains = ["lee"] * n + ["text8"] * n
     val = prompts("lee", "val", cfg["calib_prompts"] + 1)
     calib, val_prompt = val[:-1], val[-1]
-    common = dict(draft_vocab=DRAFT_VOCAB)
+    common = dict(draft_vocab=DRAFT_VOCAB, draft_length=DRAFT_LENGTH)
 
     # warm-up (every code path once), then the plain-decoding speed profile vs context length
     hf_generate(model, val_prompt, 8, eos, pad)
@@ -114,12 +129,14 @@ def _run(cfg: dict[str, Any], seed: int) -> BenchmarkResult:
     best = offline[ratio]
     best.history.clear()
     drafters: dict[str, Any] = {
-        "fixed_ratio": LayerSkipDrafter(random_pattern(layers, ratio, g), **common),
         "agreement_only": AgreementSearchDrafter(layers, ratio=ratio, **window),
         "offline_bayes": best,
         "spirit": SpiritDrafter(layers, grid=tuple(cfg["grid"]), **window),
     }
+    if cfg["fixed_ratio"]:
+        drafters = {"fixed_ratio": LayerSkipDrafter(random_pattern(layers, ratio, g), **common), **drafters}
     rows: list[dict[str, Any]] = []
+    refs: dict[int, dict[str, Any]] = {}
     switch_tokens: int | None = None
     t1 = time.perf_counter()
     for i, prompt in enumerate(stream):
@@ -136,6 +153,30 @@ def _run(cfg: dict[str, Any], seed: int) -> BenchmarkResult:
                 runs[name] = engine_decode(target, drafters[name], prompt, cfg["max_new"], eos)
         for name, r in runs.items():
             rows.append(_row(name, i, domains[i], r, ref, drafters.get(name), layers))
+        refs[i] = ref
+    test_seconds = time.perf_counter() - t1
+
+    # the ceiling: an always-right drafter priced as a layer-skip draft at each ratio (offline pattern on
+    # the grid, a random one off it), on the first prompts of each domain, against their generate runs
+    t2 = time.perf_counter()
+    k = cfg["ceiling_prompts"]
+    ceiling_matchness: dict[str, float] = {}
+    patterns = {}
+    for r in cfg["ceiling_grid"]:
+        patterns[r] = offline[r].pattern if r in offline else random_pattern(layers, r, g)
+        ceiling_matchness[str(r)] = round(offline[r].result.best_score if r in offline else
+                                          sequence_matchness(model, seqs, starts, patterns[r]), 3)
+    for j, i in enumerate(list(range(k)) + list(range(n, n + k))):
+        # its own generate run just before, over the same tokens: the pair is timed side by side
+        ref = hf_generate(model, stream[i], cfg["ceiling_new"], eos, pad)
+        rows.append(_row("ceiling_generate", i, domains[i], ref, refs[i], None, layers))
+        ratios = list(cfg["ceiling_grid"])
+        for r in ratios[j % len(ratios):] + ratios[: j % len(ratios)]:
+            price = LayerSkipDrafter(patterns[r], stop_confidence=0.0, **common)
+            run = engine_decode(target, OracleDrafter(refs[i]["tokens"], DRAFT_LENGTH, cost=price), stream[i],
+                                cfg["ceiling_new"], eos)
+            rows.append(_row(f"ceiling@{r}", i, domains[i], run, ref, None, layers, r))
+    ceiling_seconds = time.perf_counter() - t2
     test_seconds = time.perf_counter() - t1
     spirit = drafters["spirit"]
     claims, controls = _claims(rows, n)
@@ -153,26 +194,48 @@ def _run(cfg: dict[str, Any], seed: int) -> BenchmarkResult:
         "profile": {"intercept_ms": round(1e3 * profile.intercept, 3),
                     "slope_us_per_token": round(1e6 * profile.slope, 3)},
         "seconds": {"total_before_test": round(t1 - t_start, 1), "offline_tuning": round(tuning_seconds, 1),
-                    "test": round(test_seconds, 1)},
+                    "test": round(test_seconds, 1), "ceiling": round(ceiling_seconds, 1)},
+        "ceiling": _ceiling(rows, ceiling_matchness),
     }
     return BenchmarkResult(rows, claims, controls, notes, summary=_summary(rows))
 
 
 def _row(name: str, prompt: int, domain: str, r: dict[str, Any], ref: dict[str, Any], drafter: Any,
-         layers: int) -> dict[str, Any]:
+         layers: int, ceiling_ratio: float | None = None) -> dict[str, Any]:
     rounds = max(r.get("rounds", 0), 1)
     div = first_divergence(r["tokens"], ref["tokens"])
     n = min(r["tokens"].numel(), ref["tokens"].numel())
     row = {"method": name, "prompt": prompt, "domain": domain, "tokens_per_s": round(decode_rate(r), 3),
            "ratio_to_generate": round(decode_rate(r) / max(decode_rate(ref), 1e-9), 4), "new_tokens": r["new_tokens"],
            "tau": round((r.get("accepted", 0) + rounds) / rounds, 3) if "accepted" in r else 1.0,
-           "identical_to_generate": div == -1 or (name == "random" and div >= n), "first_divergence": div}
+           # the random control and the ceilings decode fewer tokens: identical on the shared prefix
+           "identical_to_generate": div == -1 or (name in ("random", "ceiling_generate") or ceiling_ratio is not None)
+           and div >= n,
+           "first_divergence": div}
     pattern = getattr(drafter, "pattern", None)
     if pattern is not None:
         row["skip_ratio"] = round(pattern.size / (2 * (layers - 2)), 3)
+    elif ceiling_ratio is not None:
+        row["skip_ratio"] = ceiling_ratio
     if "draft_seconds" in r:
         row["draft_ms_per_round"] = round(1e3 * r["draft_seconds"] / rounds, 2)
     return row
+
+
+def _ceiling(rows: list[dict[str, Any]], matchness: dict[str, float]) -> dict[str, dict[str, Any]]:
+    """Per ratio: the always-right drafter's speed-up over generate (geometric mean over prompts), the
+    per-token acceptance a real drafter at that cost needs to break even (i.i.d. model), and the
+    matchness measured there (best offline pattern on the grid, a random pattern off it)."""
+    out = {}
+    for ratio, m in matchness.items():
+        xs = [r["ratio_to_generate"] for r in rows if r["method"] == f"ceiling@{ratio}" and r["ratio_to_generate"] > 0]
+        if not xs:
+            continue
+        x = statistics.geometric_mean(xs)
+        need = break_even_acceptance(x, DRAFT_LENGTH)
+        out[ratio] = {"x_generate": round(x, 3), "break_even_acceptance": None if need is None else round(need, 3),
+                      "matchness": m}
+    return out
 
 
 def _claims(rows: list[dict[str, Any]], n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -139,6 +139,34 @@ def chain_speedup(acceptance: float, draft_length: int, draft_cost: float) -> fl
     return tokens / (k * draft_cost + 1.0)
 
 
+def break_even_acceptance(ceiling: float, draft_length: int) -> float | None:
+    """The per-token acceptance a chain drafter needs to match plain decoding, given its measured ceiling.
+
+    ``ceiling`` is the drafter's speed-up when every draft is accepted (``draft_length + 1``
+    tokens per round at its real drafting and verification cost, e.g. an oracle priced as the
+    drafter). Under the i.i.d. acceptance model of :func:`chain_speedup` a round at acceptance
+    ``a`` costs the same and emits ``(1 - a^(k+1)) / (1 - a)`` tokens, so the speed-up is
+    ``ceiling * tokens(a) / (k + 1)``; this returns the ``a`` where that is 1 (bisection),
+    or ``None`` when even ``a = 1`` is not enough (``ceiling <= 1``).
+
+    .. code-block:: python
+
+        break_even_acceptance(1.4, 6)   # ~0.80: below that the drafter is slower than plain decoding
+    """
+    if not ceiling > 0 or draft_length < 1:
+        raise ValueError(f"break_even_acceptance: ceiling={ceiling} > 0 and draft_length={draft_length} >= 1 "
+                         "expected.")
+    k = draft_length
+    if ceiling <= 1.0:
+        return None
+    need = (k + 1) / ceiling  # tokens per round that make the round as fast as plain steps
+    lo, hi = 0.0, 1.0
+    for _ in range(60):  # tokens(a) is increasing in a; 60 halvings reach float precision
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if sum(mid ** i for i in range(k + 1)) < need else (lo, mid)
+    return (lo + hi) / 2
+
+
 @dataclass
 class LengthProfile:
     """Plain autoregressive decoding speed vs context length: ``sec/token = intercept + slope * length``.

@@ -277,3 +277,23 @@ def test_reduced_draft_vocabulary_is_lossless_and_drafts_only_its_ids():
     assert torch.equal(full.tokens, every.tokens)
     with pytest.raises(ValueError, match="draft_vocab"):
         LayerSkipDrafter(draft_vocab=0)
+
+
+def test_priced_oracle_pays_the_skip_drafts_forwards_and_accepts_everything():
+    """The ceiling of a layer-skip drafter: its drafting cost, every chain accepted, output unchanged."""
+    from lit_lowrank.decoding.reference_drafters import OracleDrafter
+
+    model = tiny_target(seed=4)
+    target = TargetLM(model)
+    ref, _ = plain_decode(target, PROMPT, max_new_tokens=20)
+    skip = LayerSkipDrafter(SkipPattern(attn=frozenset({1})), draft_length=4, stop_confidence=0.0)
+    calls: list[int] = []
+    original = skip.draft
+    skip.draft = lambda request: calls.append(target.length) or original(request)
+    out, stats = SpeculativeDecoder(target, OracleDrafter(ref, 4, cost=skip), budget=4).generate(PROMPT, 20)
+    assert torch.equal(out, ref)
+    assert stats.accepted[:-1] == [4] * (len(stats.accepted) - 1)
+    assert len(calls) == stats.rounds and stats.drafter_forwards == 4 * stats.rounds
+    short = LayerSkipDrafter(SkipPattern(attn=frozenset({1})), draft_length=2, stop_confidence=0.0)
+    with pytest.raises(ValueError, match="cost"):
+        SpeculativeDecoder(target, OracleDrafter(ref, 4, cost=short), budget=4).generate(PROMPT, 20)

@@ -13,6 +13,7 @@ from lit_lowrank.ops.spirit import (
     ShiftDetector,
     SkipPattern,
     bayesian_pattern_search,
+    break_even_acceptance,
     chain_speedup,
     matchness,
     mutate_pattern,
@@ -37,6 +38,21 @@ def test_chain_speedup_closed_form():
     assert chain_speedup(0.5, 2, 0.0) == pytest.approx(1 + 0.5 + 0.25)
     with pytest.raises(ValueError, match="acceptance"):
         chain_speedup(1.5, 2, 0.1)
+
+
+@pytest.mark.parametrize("k,cost", [(1, 0.3), (4, 0.5), (6, 0.55), (6, 0.1)])
+def test_break_even_acceptance_inverts_chain_speedup(k, cost):
+    ceiling = chain_speedup(1.0, k, cost)  # an always-right drafter at this drafting cost
+    a = break_even_acceptance(ceiling, k)
+    assert 0 < a < 1 and chain_speedup(a, k, cost) == pytest.approx(1.0, abs=1e-9)
+    assert chain_speedup(a - 0.01, k, cost) < 1 < chain_speedup(min(a + 0.01, 1.0), k, cost)
+
+
+def test_break_even_acceptance_is_none_when_even_a_perfect_draft_is_slower():
+    assert break_even_acceptance(chain_speedup(1.0, 6, 1.0), 6) is None  # c = 1: 7 tokens cost 7 steps
+    assert break_even_acceptance(0.8, 6) is None
+    with pytest.raises(ValueError, match="ceiling"):
+        break_even_acceptance(0.0, 6)
 
 
 @pytest.mark.parametrize("seed", range(5))
