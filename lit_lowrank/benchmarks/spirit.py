@@ -47,12 +47,12 @@ from lit_lowrank.benchmarks._decoding_peers import decode_rate, engine_decode, f
 from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, paired
 from lit_lowrank.ops.spirit import break_even_acceptance
 
-QUICK = dict(prompts_per_domain=3, max_new=48, fixed_ratio=False, window=64, grid=(0.05, 0.1, 0.2), calib_prompts=2, calib_new=32,
-             bo_budget=8, bo_init=4, val_new=32, control_new=16, ceiling_new=29, ceiling_prompts=1,
-             ceiling_grid=(0.05, 0.2, 0.5))
-FULL = dict(prompts_per_domain=16, max_new=96, fixed_ratio=True, window=64, grid=(0.05, 0.1, 0.15, 0.2, 0.3), calib_prompts=4,
-            calib_new=48, bo_budget=16, bo_init=6, val_new=48, control_new=32, ceiling_new=50, ceiling_prompts=4,
-            ceiling_grid=(0.05, 0.1, 0.2, 0.3, 0.5, 0.7))
+QUICK = dict(prompts_per_domain=3, max_new=48, fixed_ratio=False, window=64, grid=(0.05, 0.1, 0.2),
+             calib_prompts=2, calib_new=32, bo_budget=8, bo_init=4, val_new=32, control_new=16,
+             ceiling_new=29, ceiling_prompts=1, ceiling_grid=(0.05, 0.2, 0.5))
+FULL = dict(prompts_per_domain=16, max_new=96, fixed_ratio=True, window=64, grid=(0.05, 0.1, 0.15, 0.2, 0.3),
+            calib_prompts=4, calib_new=48, bo_budget=16, bo_init=6, val_new=48, control_new=32,
+            ceiling_new=50, ceiling_prompts=4, ceiling_grid=(0.05, 0.1, 0.2, 0.3, 0.5, 0.7))
 DRAFT_VOCAB = 8192
 DRAFT_LENGTH = 6  # every self-drafter's chain (LayerSkipDrafter's default, SWIFT-style); the ceiling's too
 PAPER = ("SPIRIT consistently outperforms strong training-free baselines and achieves up to 1.74x speedup while "
@@ -177,7 +177,6 @@ def _run(cfg: dict[str, Any], seed: int) -> BenchmarkResult:
                                 cfg["ceiling_new"], eos)
             rows.append(_row(f"ceiling@{r}", i, domains[i], run, ref, None, layers, r))
     ceiling_seconds = time.perf_counter() - t2
-    test_seconds = time.perf_counter() - t1
     spirit = drafters["spirit"]
     claims, controls = _claims(rows, n)
     notes = {
