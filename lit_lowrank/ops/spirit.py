@@ -151,7 +151,7 @@ def break_even_acceptance(ceiling: float, draft_length: int) -> float | None:
 
     .. code-block:: python
 
-        break_even_acceptance(1.4, 6)   # ~0.80: below that the drafter is slower than plain decoding
+        break_even_acceptance(1.4, 6)   # ~0.885: below that the drafter is slower than plain decoding
     """
     if not ceiling > 0 or draft_length < 1:
         raise ValueError(f"break_even_acceptance: ceiling={ceiling} > 0 and draft_length={draft_length} >= 1 "
