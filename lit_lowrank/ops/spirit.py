@@ -134,9 +134,13 @@ def chain_speedup(acceptance: float, draft_length: int, draft_cost: float) -> fl
     if not 0.0 <= acceptance <= 1.0 or draft_length < 0 or draft_cost < 0:
         raise ValueError(f"chain_speedup: acceptance={acceptance} in [0,1], draft_length={draft_length} >= 0 "
                          f"and draft_cost={draft_cost} >= 0 expected.")
+    return _chain_tokens(acceptance, draft_length) / (draft_length * draft_cost + 1.0)
+
+
+def _chain_tokens(acceptance: float, draft_length: int) -> float:
+    """Expected tokens per round of a ``draft_length`` chain at i.i.d. per-token ``acceptance``."""
     k, a = draft_length, acceptance
-    tokens = k + 1.0 if a == 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
-    return tokens / (k * draft_cost + 1.0)
+    return k + 1.0 if a == 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
 def break_even_acceptance(ceiling: float, draft_length: int) -> float | None:
@@ -163,7 +167,7 @@ def break_even_acceptance(ceiling: float, draft_length: int) -> float | None:
     lo, hi = 0.0, 1.0
     for _ in range(60):  # tokens(a) is increasing in a; 60 halvings reach float precision
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if sum(mid ** i for i in range(k + 1)) < need else (lo, mid)
+        lo, hi = (mid, hi) if _chain_tokens(mid, k) < need else (lo, mid)
     return (lo + hi) / 2
 
 
