@@ -19,6 +19,7 @@ from typing import Any
 EXTRA_COMMANDS = """extra commands:
   bench NAME [--quick] [--json PATH] [--seed N] [--strict]   run a method's benchmark (`bench --list`)
   bench --table [--check]                          README/card tables from docs/results/*.json
+  bench --stale [NAME ...]                         committed results whose code changed since they ran
   methods [--markdown]                             print the method registry as a table
 """
 
@@ -38,7 +39,8 @@ def _bench(argv: list[str]) -> int:
     from lit_lowrank.benchmarks.harness import available_benchmarks, run_benchmark
 
     parser = argparse.ArgumentParser(prog="lit-lowrank bench", description="Run a method's benchmark.")
-    parser.add_argument("name", nargs="?", help="benchmark name (lit_lowrank/benchmarks/<name>.py)")
+    parser.add_argument("name", nargs="*", help="benchmark name (lit_lowrank/benchmarks/<name>.py); with --stale, "
+                        "result names (default: all)")
     parser.add_argument("--quick", action="store_true", help="the small version: < 3 minutes on 2 CPU cores")
     parser.add_argument("--json", metavar="PATH", help="write the contract JSON (rows, claims, controls) here")
     parser.add_argument("--seed", type=int, default=0)
@@ -48,8 +50,21 @@ def _bench(argv: list[str]) -> int:
     parser.add_argument("--table", action="store_true",
                         help="regenerate the README's and the cards' tables from docs/results/*.json")
     parser.add_argument("--check", action="store_true", help="with --table: only report the files that differ")
-    parser.add_argument("--root", metavar="PATH", help="with --table: the checkout (default: found from the cwd)")
+    parser.add_argument("--stale", action="store_true",
+                        help="list committed docs/results/*.json whose code changed since they ran (exit 1 if any)")
+    parser.add_argument("--root", metavar="PATH",
+                        help="with --table/--stale: the checkout (default: found from the cwd)")
     ns = parser.parse_args(argv)
+    if ns.stale:
+        from pathlib import Path
+
+        from lit_lowrank.benchmarks._provenance import stale_results
+        from lit_lowrank.benchmarks._tables import repo_root
+
+        stale = stale_results(repo_root(Path(ns.root) if ns.root else None), ns.name or None)
+        for name, reason, files in stale:
+            print(f"{name}: {reason}" + (f" ({', '.join(files)})" if files else ""))
+        return 1 if stale else 0
     if ns.table:
         from pathlib import Path
 
@@ -59,10 +74,12 @@ def _bench(argv: list[str]) -> int:
         verb = "differ from docs/results" if ns.check else "rewritten"
         print("\n".join(f"{f}: {verb}" for f in changed) or "tables up to date")
         return 1 if (ns.check and changed) else 0
-    if ns.list or ns.name is None:
+    if ns.list or not ns.name:
         print("\n".join(available_benchmarks()))
         return 0 if ns.list else 2
-    result = run_benchmark(ns.name, quick=ns.quick, seed=ns.seed, json_path=ns.json)
+    if len(ns.name) > 1:
+        parser.error(f"one benchmark at a time, got {ns.name}")
+    result = run_benchmark(ns.name[0], quick=ns.quick, seed=ns.seed, json_path=ns.json)
     return 1 if ns.strict and not result["valid"] else 0
 
 

@@ -6,7 +6,10 @@ compared. Its verdict is three-valued:
 
 - ``holds``: the whole CI lies on the claimed side of ``target``;
 - ``fails``: the whole CI lies on the wrong side;
-- ``inconclusive``: the CI straddles the target (or there is one unit only).
+- ``inconclusive``: the CI straddles the target, or fewer than :data:`MIN_UNITS` independent
+  units were measured (a rule, not a statistic: two repeats of one deterministic step say nothing);
+- ``no_headroom``: set by :func:`resolve` when a premise the claim ``requires`` did not hold —
+  the regime gave the mechanism no room to act, so the test could not have shown it either way.
 
 ``op="within"`` is an equivalence claim ("matches"): ``|estimate| <= target``, holding
 when the whole CI lies in ``[-target, target]`` and failing when it lies wholly outside.
@@ -23,6 +26,22 @@ when the whole CI lies in ``[-target, target]`` and failing when it lies wholly 
 The same function builds a control: the same quantity computed where the claim must
 not hold (a null model, shuffled tags, a random drafter). :class:`BenchmarkResult`
 marks a benchmark invalid when a control holds.
+
+A **premise** (:func:`premise`) is the measured condition a claim's mechanism needs in this
+regime, usually an oracle or upper bound against the baseline on the same units ("oracle routes
+beat the best global filter"); a claim names it with ``requires=``. A **competitor**
+(:func:`competitor`) is the claim's quantity computed with the cheapest alternative that could win
+for the wrong reason (a random move of the same size, the baseline with more steps) in the
+method's place; :func:`resolve` reports beside each claim which competitors pass it too.
+
+.. code-block:: python
+
+    ceiling = premise("oracle", "oracle routes beat the best global filter", needs="routing has headroom",
+                      quantity="acc(oracle) - acc(global)", values=oracle, baseline=glob, target=0.0, op=">")
+    ours = claim("Castor above the global filter", ..., name="routing", requires="oracle")
+    rand = competitor("routing", "random routes above the global filter", competitor="random routes",
+                      quantity="acc(random) - acc(global)", values=rnd, baseline=glob, target=0.0, op=">")
+    claims = resolve([ours], premises=[ceiling], competitors=[rand])
 """
 
 from __future__ import annotations
@@ -34,6 +53,8 @@ from typing import Any
 import numpy as np
 
 _OPS = (">=", ">", "<=", "<", "within")
+VERDICTS = ("holds", "fails", "inconclusive", "no_headroom")
+MIN_UNITS = 3
 _COMPARE = ("difference", "ratio")
 _CI = ("t", "bootstrap")
 BOOTSTRAP_RESAMPLES = 10_000
@@ -97,13 +118,25 @@ def _as_array(name: str, values: Iterable[float]) -> np.ndarray:
     return arr
 
 
+def _names(arg: str, value: str | Sequence[str] | None) -> list[str]:
+    names = [value] if isinstance(value, str) else list(value or [])
+    if not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"`{arg}`={value!r}, expected a premise name or a list of names.")
+    return names
+
+
 def _record(text: str, paper: str, quantity: str, unit: str, n: int, estimate: float,
             ci: tuple[float, float] | None, target: float, op: str, method: str,
-            values: np.ndarray | None, units: Sequence[Any] | None, note: str | None) -> dict[str, Any]:
+            values: np.ndarray | None, units: Sequence[Any] | None, note: str | None,
+            name: str | None = None, requires: str | Sequence[str] | None = None) -> dict[str, Any]:
     if not paper or not quantity:
         raise ValueError(f"claim {text!r}: `paper` (the abstract's statement) and `quantity` (what is measured, "
                          "with unit) are required.")
     verdict = verdict_of(ci, target, op)
+    if n < MIN_UNITS and verdict != "inconclusive":
+        # by rule: fewer than three independent units decide nothing, whatever the interval says
+        verdict = "inconclusive"
+        note = f"{note + '; ' if note else ''}fewer than {MIN_UNITS} independent units: inconclusive by rule"
     out: dict[str, Any] = {
         "claim": text, "paper": paper, "quantity": quantity, "unit": unit, "n": int(n),
         "estimate": float(estimate), "ci": None if ci is None else [float(ci[0]), float(ci[1])],
@@ -115,13 +148,21 @@ def _record(text: str, paper: str, quantity: str, unit: str, n: int, estimate: f
         out["units"] = [u if isinstance(u, (int, str, float)) else str(u) for u in units]
     if note:
         out["note"] = note
+    if name is not None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"`name`={name!r}, expected a non-empty string.")
+        out["name"] = name
+    required = _names("requires", requires)
+    if required:
+        out["requires"] = required
     return out
 
 
 def claim(text: str, *, paper: str, quantity: str, values: Iterable[float], target: float, op: str = ">=",
           baseline: Iterable[float] | None = None, compare: str = "difference", ci: str = "t",
           unit: str = "seed", units: Sequence[Any] | None = None, level: float = 0.95,
-          note: str | None = None) -> dict[str, Any]:
+          note: str | None = None, name: str | None = None,
+          requires: str | Sequence[str] | None = None) -> dict[str, Any]:
     """A claim over paired per-unit measurements.
 
     Args:
@@ -136,7 +177,11 @@ def claim(text: str, *, paper: str, quantity: str, values: Iterable[float], targ
             ``|estimate| <= target`` (an equivalence margin; the CI must lie inside it).
         ci: ``"t"`` (Student t over units, the default: honest at 3-5 seeds) or ``"bootstrap"``
             (percentile, paired, for many units).
-        unit: what one unit is ("seed", "prompt", "episode", "split", "repeat"); ``units`` their ids.
+        unit: what one unit is ("seed", "prompt", "episode", "split", "batch"); ``units`` their ids.
+            Units are independent draws; fewer than :data:`MIN_UNITS` make the verdict ``inconclusive``.
+        name: a short id that premises' ``requires`` and competitors' ``for`` refer to.
+        requires: the names of the premises (:func:`premise`) the claim's mechanism needs here;
+            :func:`resolve` turns the verdict into ``no_headroom`` when one of them did not hold.
     """
     _check("op", op, _OPS)
     _check("compare", compare, _COMPARE)
@@ -172,18 +217,21 @@ def claim(text: str, *, paper: str, quantity: str, values: Iterable[float], targ
         estimate = math.exp(estimate)
         interval = None if interval is None else (math.exp(interval[0]), math.exp(interval[1]))
         shown = np.exp(per_unit)
-    return _record(text, paper, quantity, unit, per_unit.size, estimate, interval, target, op, ci, shown, units, note)
+    return _record(text, paper, quantity, unit, per_unit.size, estimate, interval, target, op, ci, shown, units, note,
+                   name, requires)
 
 
 def statistic_claim(text: str, *, paper: str, quantity: str, n_units: int,
                     statistic: Callable[[np.ndarray], float], target: float, op: str = ">=",
                     unit: str = "seed", units: Sequence[Any] | None = None, level: float = 0.95,
-                    resamples: int = BOOTSTRAP_RESAMPLES, note: str | None = None) -> dict[str, Any]:
+                    resamples: int = BOOTSTRAP_RESAMPLES, note: str | None = None, name: str | None = None,
+                    requires: str | Sequence[str] | None = None) -> dict[str, Any]:
     """A claim whose quantity is a function of all units (an average rank, a rate, a max).
 
     ``statistic(idx)`` computes the quantity from the units at indices ``idx`` (with
     repeats); the estimate is ``statistic(arange(n_units))`` and the CI a paired
     percentile bootstrap over units (every method resampled with the same indices).
+    ``name`` and ``requires`` as in :func:`claim`.
     """
     if n_units < 1:
         raise ValueError(f"`n_units`={n_units}, expected >= 1.")
@@ -192,7 +240,83 @@ def statistic_claim(text: str, *, paper: str, quantity: str, n_units: int,
         raise ValueError(f"claim {text!r}: the statistic on all units is {estimate}.")
     interval = bootstrap_interval(n_units, statistic, level, resamples)
     return _record(text, paper, quantity, unit, n_units, estimate, interval, target, op, "bootstrap",
-                   None, units, note)
+                   None, units, note, name, requires)
+
+
+def premise(name: str, text: str, *, needs: str, statistic: Callable[[np.ndarray], float] | None = None,
+            **kwargs: Any) -> dict[str, Any]:
+    """The measured condition a claim's mechanism needs in this regime (a claim with the same fields).
+
+    ``needs`` says what the mechanism needs ("per-node routing has headroom over one global filter");
+    the rest is :func:`claim`'s arguments (or :func:`statistic_claim`'s when ``statistic`` is given),
+    usually an oracle or upper bound against the baseline on the claim's own units.
+
+    .. code-block:: python
+
+        premise("oracle_routes", "oracle routes beat the best global filter", needs="routing headroom",
+                quantity="acc(oracle) - acc(best global), fraction", values=oracle, baseline=best,
+                units=splits, unit="split", target=0.0, op=">")
+    """
+    if not needs:
+        raise ValueError(f"premise {name!r}: `needs` (what the mechanism needs in this regime) is required.")
+    if statistic is not None:
+        return statistic_claim(text, paper=needs, statistic=statistic, name=name, **kwargs)
+    return claim(text, paper=needs, name=name, **kwargs)
+
+
+def competitor(for_claim: str, text: str, *, competitor: str, paper: str = "(competitor)",
+               statistic: Callable[[np.ndarray], float] | None = None, **kwargs: Any) -> dict[str, Any]:
+    """A claim's quantity with the cheapest alternative that could win for the wrong reason in the method's place.
+
+    ``for_claim`` is the ``name`` of the claim; ``competitor`` names the alternative ("a random move
+    of the same radius", "LoRA with 2x the steps", "RTN at equal bits"). When its verdict is
+    ``holds``, :func:`resolve` lists it under the claim's ``matched_by``: the claim does not show
+    that the method's mechanism is what won.
+    """
+    if not competitor:
+        raise ValueError(f"competitor for {for_claim!r}: `competitor` (what stands in for the method) is required.")
+    out = (statistic_claim(text, paper=paper, statistic=statistic, **kwargs) if statistic is not None
+           else claim(text, paper=paper, **kwargs))
+    out["for"], out["competitor"] = for_claim, competitor
+    return out
+
+
+def resolve(claims: Sequence[dict[str, Any]], premises: Sequence[dict[str, Any]] = (),
+            competitors: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+    """Claims with their premises and competitors applied (new dicts; the inputs are not changed).
+
+    A claim whose ``requires`` names a premise that did not hold gets ``verdict = "no_headroom"``
+    (``measured_verdict`` keeps what its CI said, ``premises_failed`` which premise); each claim gets
+    ``competitors`` (name, estimate, verdict of every competitor computed for it) and ``matched_by``
+    (those whose verdict is ``holds`` too). Unknown names raise, naming them.
+    """
+    by_name = {p.get("name"): p for p in premises}
+    if None in by_name:
+        raise ValueError("a premise lacks `name`: build premises with `premise(name, ...)`.")
+    claim_names = {c.get("name") for c in claims} - {None}
+    for comp in competitors:
+        if comp.get("for") not in claim_names:
+            raise ValueError(f"competitor {comp.get('claim')!r} is `for` {comp.get('for')!r}, but no claim has that "
+                             f"`name` (claims named: {sorted(claim_names)}).")
+    out = []
+    for c in claims:
+        c = dict(c)
+        required = c.get("requires", [])
+        unknown = [r for r in required if r not in by_name]
+        if unknown:
+            raise ValueError(f"claim {c.get('claim')!r} requires {unknown}, which no premise is named "
+                             f"(premises: {sorted(by_name)}).")
+        failed = [r for r in required if by_name[r].get("verdict") != "holds"]
+        if failed:
+            c["measured_verdict"] = c["verdict"]
+            c["verdict"], c["holds"], c["premises_failed"] = "no_headroom", False, failed
+        mine = [comp for comp in competitors if c.get("name") is not None and comp.get("for") == c.get("name")]
+        if mine:
+            c["competitors"] = [{"competitor": m["competitor"], "estimate": m["estimate"], "ci": m["ci"],
+                                 "verdict": m["verdict"]} for m in mine]
+            c["matched_by"] = [m["competitor"] for m in mine if m["verdict"] == "holds"]
+        out.append(c)
+    return out
 
 
 def paired(rows: Sequence[Mapping[str, Any]], metric: str, a: Mapping[str, Any], b: Mapping[str, Any],

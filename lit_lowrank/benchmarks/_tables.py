@@ -63,13 +63,29 @@ def _ci(c: dict[str, Any]) -> str:
     return "—" if not ci else f"[{fmt(ci[0])}, {fmt(ci[1])}]"
 
 
-def _claims_table(items: Sequence[dict[str, Any]]) -> list[str]:
-    lines = ["| claim | paper | quantity | n | estimate | 95% CI | target | verdict |",
+def _verdict(c: dict[str, Any]) -> str:
+    text = f"**{c.get('verdict', '?')}**"
+    if c.get("premises_failed"):
+        text += f" (CI alone: {c.get('measured_verdict')}; premise not held: {', '.join(c['premises_failed'])})"
+    elif c.get("requires"):
+        text += f" (premise held: {', '.join(c['requires'])})"
+    for comp in c.get("competitors", []):
+        text += f"; vs {fmt(comp['competitor'])}: {comp['verdict']}"
+    return text
+
+
+def _claims_table(items: Sequence[dict[str, Any]], paper_col: str = "paper") -> list[str]:
+    lines = [f"| claim | {paper_col} | quantity | n | estimate | 95% CI | target | verdict |",
              "|---|---|---|---|---|---|---|---|"]
     for c in items:
-        lines.append(f"| {fmt(c.get('claim'))} | {fmt(c.get('paper'))} | {fmt(c.get('quantity'))} | "
+        label = fmt(c.get("claim"))
+        if c.get("name"):
+            label += f" (`{c['name']}`)"
+        if c.get("competitor"):
+            label += f" — {fmt(c['competitor'])} for `{c.get('for')}`"
+        lines.append(f"| {label} | {fmt(c.get('paper'))} | {fmt(c.get('quantity'))} | "
                      f"{fmt(c.get('n'))} {fmt(c.get('unit', ''))} | {fmt(c.get('estimate'))} | {_ci(c)} | "
-                     f"{c.get('op', '')} {fmt(c.get('target'))} | **{c.get('verdict', '?')}** |")
+                     f"{c.get('op', '')} {fmt(c.get('target'))} | {_verdict(c)} |")
     return lines
 
 
@@ -88,9 +104,13 @@ def _rows_table(rows: Sequence[dict[str, Any]]) -> list[str]:
 def _run_line(name: str, p: dict[str, Any]) -> str:
     machine = p.get("machine") or {}
     where = f"{machine.get('cpus', '?')} CPUs" if p.get("device") == "cpu" else machine.get("gpu", p.get("device"))
+    prov = p.get("provenance") or {}
+    commit = prov.get("commit")
+    at = (f"measured at `{commit[:10]}`{' with uncommitted changes' if prov.get('dirty') else ''} "
+          f"({len(prov.get('sources', {}))} source files hashed)" if commit else "no provenance recorded")
     return (f"*Generated from `docs/results/{name}.json` by `lit-lowrank bench --table`: "
             f"{'quick' if p.get('quick') else 'full'} run of {p.get('date', '?')}, {where}, "
-            f"{fmt(p.get('seconds'))} s, seed {p.get('seed', 0)}. Do not edit by hand.*")
+            f"{fmt(p.get('seconds'))} s, seed {p.get('seed', 0)}, {at}. Do not edit by hand.*")
 
 
 def card_block(name: str, payload: dict[str, Any]) -> str:
@@ -99,7 +119,13 @@ def card_block(name: str, payload: dict[str, Any]) -> str:
     if not payload.get("valid", False):
         reasons = payload.get("invalid_reasons") or ["not run under the claims protocol"]
         lines += [f"**Invalid run**: {'; '.join(fmt(r) for r in reasons)}.", ""]
+    if payload.get("premises"):
+        lines += ["**Premises** (what the mechanism needs in this regime; a claim requiring one that did not hold "
+                  "reads `no_headroom`)", ""] + _claims_table(payload["premises"], "needs") + [""]
     lines += ["**Claims**", ""] + _claims_table(payload.get("claims", []))
+    if payload.get("competitors"):
+        lines += ["", "**Competitors** (the claim's quantity with the cheapest alternative in the method's place)",
+                  ""] + _claims_table(payload["competitors"])
     lines += ["", "**Controls** (the same quantity where the claim must not hold)", ""]
     lines += _claims_table(payload.get("controls", []))
     rows = payload.get("summary") or payload.get("rows", [])
@@ -109,13 +135,14 @@ def card_block(name: str, payload: dict[str, Any]) -> str:
 
 def readme_table(results: dict[str, dict[str, Any]], root: Path | None = None) -> str:
     """One README row per benchmark (the quick run), verdict counts and each claim's verdict."""
-    lines = ["| benchmark | claims (quick run) | holds / fails / inconclusive | controls | valid | seconds |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| benchmark | claims (quick run) | holds / fails / inconclusive / no headroom | premises held | "
+             "controls | valid | seconds |", "|---|---|---|---|---|---|---|"]
     for name, p in results.items():
         if name.endswith(".full"):
             continue
-        claims, controls = p.get("claims", []), p.get("controls", [])
-        counts = [sum(c.get("verdict") == v for c in claims) for v in ("holds", "fails", "inconclusive")]
+        claims, controls, premises = p.get("claims", []), p.get("controls", []), p.get("premises", [])
+        counts = [sum(c.get("verdict") == v for c in claims) for v in ("holds", "fails", "inconclusive", "no_headroom")]
+        held = f"{sum(c.get('verdict') == 'holds' for c in premises)} / {len(premises)}" if premises else "none"
         text = "<br>".join(f"{c.get('verdict', '?')}: {fmt(c.get('claim'))} ({fmt(c.get('estimate'))}, CI "
                            f"{_ci(c)})" for c in claims)
         ctl = "<br>".join(f"{c.get('verdict', '?')}: {fmt(c.get('claim'))}" for c in controls) or "none"
@@ -123,7 +150,7 @@ def readme_table(results: dict[str, dict[str, Any]], root: Path | None = None) -
         candidates = (f"docs/methods/{name}.md", f"docs/benchmarks/{name}.md")
         card = next((c for c in candidates if root is None or (root / c).exists()), "docs/benchmarks.md")
         label = f"[`{name}`]({card})"
-        lines.append(f"| {label} | {text} | {' / '.join(map(str, counts))} | {ctl} | "
+        lines.append(f"| {label} | {text} | {' / '.join(map(str, counts))} | {held} | {ctl} | "
                      f"{fmt(bool(p.get('valid')))} | {fmt(p.get('seconds'))} |")
     return "\n".join(lines)
 

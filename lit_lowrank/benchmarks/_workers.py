@@ -25,9 +25,13 @@ def _one_thread() -> None:
     torch.set_num_threads(1)
 
 
-def _call(packed: tuple[Callable[..., Any], tuple[Any, ...]]) -> Any:
+def _call(packed: tuple[Callable[..., Any], tuple[Any, ...]]) -> tuple[Any, set[str]]:
+    from lit_lowrank.benchmarks._provenance import imported_sources
+
     fn, args = packed
-    return fn(*args)
+    result = fn(*args)
+    # the code a worker imported belongs to the run's provenance as much as the parent's
+    return result, imported_sources()
 
 
 def workers() -> int:
@@ -46,5 +50,10 @@ def map_jobs(fn: Callable[..., Any], jobs: Sequence[tuple[Any, ...]], processes:
     processes = workers() if processes is None else processes
     if processes <= 1 or len(jobs) <= 1 or "fork" not in multiprocessing.get_all_start_methods():
         return [fn(*job) for job in jobs]
+    from lit_lowrank.benchmarks._provenance import WORKER_SOURCES
+
     with multiprocessing.get_context("fork").Pool(processes, initializer=_one_thread) as pool:
-        return pool.map(_call, [(fn, tuple(job)) for job in jobs], chunksize=1)
+        done = pool.map(_call, [(fn, tuple(job)) for job in jobs], chunksize=1)
+    for _, sources in done:
+        WORKER_SOURCES.update(sources)
+    return [result for result, _ in done]

@@ -19,12 +19,17 @@ A benchmark is a module ``lit_lowrank/benchmarks/<name>.py`` with
         )
 
 Claims are computed from the measured rows over paired units with a 95% CI and a
-three-valued verdict (:mod:`lit_lowrank.benchmarks._claims`). Controls are the same
-claims computed where they must not hold; a benchmark with no control, or with a
-control that holds, is written with ``valid: false``. The harness adds
-``benchmark``, ``quick``, ``device``, ``seconds``, ``date`` and ``machine`` and writes
-the JSON of DESIGN.md; ``lit-lowrank bench --table`` turns the committed JSON under
-``docs/results/`` into the README's and the cards' tables.
+verdict (:mod:`lit_lowrank.benchmarks._claims`). Controls are the same claims computed
+where they must not hold; a benchmark with no control, or with a control that holds, is
+written with ``valid: false``. Premises (``premises=``) are the measured conditions a
+claim's mechanism needs here: a claim whose ``requires`` did not hold reads
+``no_headroom``. Competitors (``competitors=``) are the claim's quantity with the cheapest
+alternative in the method's place; a claim lists those that pass it too (``matched_by``).
+The harness adds ``benchmark``, ``quick``, ``device``, ``seconds``, ``date``, ``machine``
+and ``provenance`` (commit and code hashes of every source the run imported,
+:mod:`lit_lowrank.benchmarks._provenance`) and writes the JSON of DESIGN.md;
+``lit-lowrank bench --table`` turns the committed JSON under ``docs/results/`` into the
+README's and the cards' tables, ``lit-lowrank bench --stale`` lists those whose code changed.
 """
 
 from __future__ import annotations
@@ -42,10 +47,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lit_lowrank.benchmarks._claims import claim, paired, per_unit, statistic_claim, verdict_of
+from lit_lowrank.benchmarks._claims import (competitor, claim, paired, per_unit, premise, resolve, statistic_claim,
+                                            verdict_of)
 
-__all__ = ["BenchmarkResult", "available_benchmarks", "claim", "paired", "per_unit", "print_result",
-           "run_benchmark", "statistic_claim", "validity", "verdict_of"]
+__all__ = ["BenchmarkResult", "available_benchmarks", "claim", "competitor", "paired", "per_unit", "premise",
+           "print_result", "resolve", "run_benchmark", "statistic_claim", "validity", "verdict_of"]
 
 _PRIVATE = {"harness"}
 _REQUIRED = ("claim", "paper", "quantity", "n", "estimate", "ci", "target", "op", "verdict", "holds")
@@ -61,6 +67,10 @@ class BenchmarkResult:
         controls: the same claims where they must not hold (a null, a shuffle, a random drafter).
         notes: free-form settings (steps, seeds, threads) and the measured causes of failing claims.
         summary: optional aggregated rows (means per method) shown in the cards instead of ``rows``.
+        premises: the measured conditions claims ``require`` (:func:`premise`); a claim whose premise
+            did not hold reads ``no_headroom``.
+        competitors: the claims' quantities with the cheapest alternative in the method's place
+            (:func:`competitor`).
     """
 
     rows: list[dict[str, Any]]
@@ -68,6 +78,8 @@ class BenchmarkResult:
     controls: list[dict[str, Any]] = field(default_factory=list)
     notes: dict[str, Any] = field(default_factory=dict)
     summary: list[dict[str, Any]] | None = None
+    premises: list[dict[str, Any]] = field(default_factory=list)
+    competitors: list[dict[str, Any]] = field(default_factory=list)
 
 
 @contextlib.contextmanager
@@ -83,10 +95,11 @@ def torch_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def validity(claims: Sequence[dict[str, Any]], controls: Sequence[dict[str, Any]]) -> list[str]:
+def validity(claims: Sequence[dict[str, Any]], controls: Sequence[dict[str, Any]],
+             premises: Sequence[dict[str, Any]] = (), competitors: Sequence[dict[str, Any]] = ()) -> list[str]:
     """Why a benchmark's claims could not fail (empty: valid)."""
     reasons = []
-    for c in [*claims, *controls]:
+    for c in [*claims, *controls, *premises, *competitors]:
         missing = [k for k in _REQUIRED if k not in c]
         if missing:
             reasons.append(f"claim {c.get('claim', '?')!r} lacks {missing} (not computed by `claim`)")
@@ -127,15 +140,20 @@ def run_benchmark(name: str, quick: bool = False, seed: int = 0, json_path: str 
     if name not in names:
         raise ValueError(f"Unknown benchmark {name!r}; available: {names}.")
     module = importlib.import_module(f"lit_lowrank.benchmarks.{name}")
+    from lit_lowrank.benchmarks._provenance import WORKER_SOURCES, provenance
+
+    WORKER_SOURCES.clear()
     start = time.perf_counter()
     result: BenchmarkResult = module.run(quick=quick, seed=seed)
     seconds = time.perf_counter() - start
-    reasons = validity(result.claims, result.controls)
+    claims = resolve(result.claims, result.premises, result.competitors)
+    reasons = validity(claims, result.controls, result.premises, result.competitors)
     machine = _machine()
     payload: dict[str, Any] = {
         "benchmark": name, "quick": quick, "seed": seed, "device": "cuda" if "gpu" in machine else "cpu",
         "seconds": round(seconds, 2), "date": datetime.date.today().isoformat(), "machine": machine,
-        "valid": not reasons, "rows": result.rows, "claims": result.claims, "controls": result.controls,
+        "provenance": provenance(), "valid": not reasons, "rows": result.rows, "claims": claims,
+        "controls": result.controls, "premises": result.premises, "competitors": result.competitors,
     }
     if reasons:
         payload["invalid_reasons"] = reasons
@@ -169,15 +187,25 @@ def print_result(payload: dict[str, Any]) -> None:
     for row in rows:
         table.add_row(*(_fmt(row.get(c, "")) for c in cols))
     console.print(table)
-    for title, items in (("claims", payload["claims"]), ("controls (must not hold)", payload.get("controls", []))):
+    sections = (("premises (what the mechanism needs here)", payload.get("premises", [])),
+                ("claims", payload["claims"]), ("competitors (in the method's place)", payload.get("competitors", [])),
+                ("controls (must not hold)", payload.get("controls", [])))
+    for title, items in sections:
+        if not items and title.startswith(("premises", "competitors")):
+            continue
         t = Table(title=title)
         for col in ("claim", "n", "estimate", "95% CI", "op", "target", "verdict"):
             t.add_column(col)
         for c in items:
             ci = c.get("ci")
+            verdict = c.get("verdict", "?")
+            if c.get("measured_verdict"):
+                verdict += f" (measured: {c['measured_verdict']})"
+            if c.get("matched_by"):
+                verdict += f"; also: {', '.join(c['matched_by'])}"
             t.add_row(c.get("claim", "?"), str(c.get("n", "")), _fmt(c.get("estimate", c.get("measured", ""))),
                       "—" if not ci else f"[{_fmt(ci[0])}, {_fmt(ci[1])}]", c.get("op", ""),
-                      _fmt(c.get("target", "")), c.get("verdict", "?"))
+                      _fmt(c.get("target", "")), verdict)
         console.print(t)
     if not payload.get("valid", True):
         console.print("[bold red]invalid:[/] " + "; ".join(payload.get("invalid_reasons", [])))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -160,3 +161,107 @@ def test_interleaved_medians_order_and_warmup():
                                    "b": lambda: order.append("b") or next(values)}, repeats=3, warmup=1)
     assert order == ["a", "b"] * 4
     assert medians == {"a": 3.0, "b": 4.0}
+
+
+def test_fewer_than_three_units_are_inconclusive_by_rule():
+    two = claim("a > b", **P, values=[0.9, 0.91], baseline=[0.1, 0.1], target=0.0, op=">")
+    assert two["ci"][0] > 0 and two["verdict"] == "inconclusive" and "fewer than 3" in two["note"]
+    three = claim("a > b", **P, values=[0.9, 0.91, 0.92], baseline=[0.1, 0.1, 0.1], target=0.0, op=">")
+    assert three["verdict"] == "holds"
+
+
+def _premise_result(oracle_gain):
+    from lit_lowrank.benchmarks.harness import competitor, premise
+
+    ceiling = premise("room", "oracle above base", needs="the oracle has headroom", quantity="oracle - base",
+                      values=[x + oracle_gain for x in (1.0, 1.1, 1.2)], baseline=[1.0, 1.1, 1.2], target=0.0, op=">")
+    ours = claim("m above base", **P, values=[1.5, 1.6, 1.75], baseline=[1.0, 1.1, 1.2], target=0.0, op=">",
+                 name="gain", requires="room")
+    rand = competitor("gain", "random move above base", competitor="a random move of the same size",
+                      quantity="random - base", values=[1.3, 1.5, 1.6], baseline=[1.0, 1.1, 1.2], target=0.0, op=">")
+    weak = competitor("gain", "fewer steps above base", competitor="fewer steps", quantity="x - base",
+                      values=[0.9, 1.2, 1.1], baseline=[1.0, 1.1, 1.2], target=0.0, op=">")
+    return ceiling, ours, [rand, weak]
+
+
+def test_a_claim_whose_premise_failed_is_no_headroom_never_holds():
+    from lit_lowrank.benchmarks.harness import resolve
+
+    held, ours, comps = _premise_result(oracle_gain=0.5)
+    [c] = resolve([ours], [held], comps)
+    assert held["verdict"] == "holds" and held["name"] == "room" and held["paper"] == "the oracle has headroom"
+    assert c["verdict"] == "holds" and "measured_verdict" not in c
+    assert c["matched_by"] == ["a random move of the same size"]
+    assert [x["verdict"] for x in c["competitors"]] == ["holds", "inconclusive"]
+    none, ours, comps = _premise_result(oracle_gain=-0.5)
+    [c] = resolve([ours], [none], comps)
+    assert c["verdict"] == "no_headroom" and c["holds"] is False
+    assert c["measured_verdict"] == "holds" and c["premises_failed"] == ["room"]
+    assert ours["verdict"] == "holds"  # inputs unchanged
+
+
+def test_resolve_names_unknown_premises_and_claims():
+    from lit_lowrank.benchmarks.harness import competitor, resolve
+
+    held, ours, comps = _premise_result(oracle_gain=0.5)
+    with pytest.raises(ValueError, match="'nope'"):
+        resolve([{**ours, "requires": ["nope"]}], [held])
+    orphan = competitor("other", "x", competitor="y", quantity="q", values=[1, 2, 3], target=0.0)
+    with pytest.raises(ValueError, match="'other'"):
+        resolve([ours], [held], [orphan])
+    with pytest.raises(ValueError, match="`requires`"):
+        claim("x", **P, values=[1, 2, 3], target=0.0, requires=[""])
+
+
+def test_json_carries_premises_competitors_and_provenance(monkeypatch, tmp_path):
+    from lit_lowrank.benchmarks._provenance import code_hash
+
+    held, ours, comps = _premise_result(oracle_gain=-0.5)
+    fake = types.ModuleType("lit_lowrank.benchmarks.fake")
+    ctl = claim("null", **P, values=[0.0, 0.1, -0.1], target=0.5, op=">")
+    fake.run = lambda quick, seed: BenchmarkResult([{"seed": 0}], [ours], [ctl], premises=[held],
+                                                   competitors=comps)
+    monkeypatch.setitem(sys.modules, "lit_lowrank.benchmarks.fake", fake)
+    monkeypatch.setattr(harness, "available_benchmarks", lambda: ["fake"])
+    payload = run_benchmark("fake", quick=True, json_path=tmp_path / "f.json", print_table=False)
+    assert payload["claims"][0]["verdict"] == "no_headroom" and payload["valid"] is True
+    assert payload["premises"][0]["name"] == "room" and len(payload["competitors"]) == 2
+    prov = payload["provenance"]
+    src = "lit_lowrank/benchmarks/_claims.py"
+    assert src in prov["sources"] and "lit_lowrank/benchmarks/_tables.py" not in prov["sources"]
+    assert prov["sources"][src] == code_hash(Path(harness.__file__).parent / "_claims.py")
+
+
+def test_code_hash_ignores_docstrings_and_comments_but_not_code(tmp_path):
+    from lit_lowrank.benchmarks._provenance import code_hash
+
+    a, b, c = tmp_path / "a.py", tmp_path / "b.py", tmp_path / "c.py"
+    a.write_text('"""Doc."""\n\ndef f(x):\n    """Say."""\n    return x + 1  # one\n')
+    b.write_text('"""Other doc."""\n# note\ndef f(x):\n    return x + 1\n')
+    c.write_text('"""Doc."""\n\ndef f(x):\n    return x + 2\n')
+    assert code_hash(a) == code_hash(b) != code_hash(c)
+
+
+def test_stale_results_lists_changed_and_unrecorded_sources(tmp_path, capsys):
+    from lit_lowrank.benchmarks._provenance import benchmark_owned, code_hash, stale_results
+    from lit_lowrank.cli import main
+
+    pkg = tmp_path / "lit_lowrank" / "benchmarks"
+    pkg.mkdir(parents=True)
+    (pkg / "toy.py").write_text("X = 1\n")
+    (pkg / "_helper.py").write_text("Y = 1\n")
+    results = tmp_path / "docs" / "results"
+    results.mkdir(parents=True)
+    sources = {f"lit_lowrank/benchmarks/{f}": code_hash(pkg / f) for f in ("toy.py", "_helper.py")}
+    (results / "toy.json").write_text(json.dumps({"provenance": {"commit": "abc", "sources": sources}}))
+    (results / "old.json").write_text(json.dumps({"claims": []}))
+    assert stale_results(tmp_path) == [("old", "no provenance", [])]
+    (pkg / "_helper.py").write_text('"""Now documented."""\nY = 1\n')
+    assert stale_results(tmp_path, ["toy"]) == []
+    (pkg / "_helper.py").write_text("Y = 2\n")
+    assert stale_results(tmp_path, ["toy"]) == [("toy", "code changed", ["lit_lowrank/benchmarks/_helper.py"])]
+    assert benchmark_owned("toy.full", ["lit_lowrank/benchmarks/_helper.py", "lit_lowrank/ops/x.py",
+                                        "lit_lowrank/benchmarks/other.py"]) == ["lit_lowrank/benchmarks/_helper.py"]
+    assert main(["bench", "--stale", "--root", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "old: no provenance" in out and "toy: code changed (lit_lowrank/benchmarks/_helper.py)" in out
