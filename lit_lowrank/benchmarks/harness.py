@@ -142,9 +142,12 @@ def run_benchmark(name: str, quick: bool = False, seed: int = 0, json_path: str 
     module = importlib.import_module(f"lit_lowrank.benchmarks.{name}")
     from lit_lowrank.benchmarks._provenance import WORKER_SOURCES, provenance
 
+    from lit_lowrank.benchmarks._progress import reporting
+
     WORKER_SOURCES.clear()
     start = time.perf_counter()
-    result: BenchmarkResult = module.run(quick=quick, seed=seed)
+    with reporting(f"{name} ({'quick' if quick else 'full'})"):
+        result: BenchmarkResult = module.run(quick=quick, seed=seed)
     seconds = time.perf_counter() - start
     claims = resolve(result.claims, result.premises, result.competitors)
     reasons = validity(claims, result.controls, result.premises, result.competitors)
