@@ -120,17 +120,11 @@ class LitLowRankSaveConfig(SaveConfigCallback):
     def save_config(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         import yaml
 
-        from lit_lowrank.core.figures import method_config
+        from lit_lowrank.core.method_entry import log_method_entry
 
         config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))
-        methods = method_config(trainer, pl_module, config)
-        for logger in trainer.loggers:
-            try:
-                logger.log_hyperparams({"method": methods})
-            except Exception as error:  # a logger without hparams support must not stop the run
-                import warnings
-
-                warnings.warn(f"{type(logger).__name__} did not log the run's `method` entry: {error}", stacklevel=1)
+        # with the config's settings (a method callback may have written it from attributes already)
+        methods = log_method_entry(trainer, pl_module, config, force=True) or {}
         from lightning.pytorch.loggers import WandbLogger
 
         for logger in trainer.loggers:

@@ -514,6 +514,12 @@ class AdapterInjector(pl.Callback):
         return self._generate_state_key(method=self.method, adapter_name=self.adapter_name)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        from lit_lowrank.core.strategy import check_strategy
+
+        check_strategy(trainer, pl_module)  # before any surgery: a strategy a component of the run cannot support
+        from lit_lowrank.core.method_entry import log_method_entry
+
+        log_method_entry(trainer, pl_module)
         inject_adapters(pl_module, method=self.method, target_modules=self.target_modules, rank=self.rank,
                         alpha=self.alpha, dropout=self.dropout, train_bias=self.train_bias,
                         modules_to_save=self.modules_to_save, adapter_name=self.adapter_name,
