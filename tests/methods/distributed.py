@@ -90,8 +90,13 @@ def run_case(name: str, strategy: str, root: Path, max_steps: int = 3,
     make = case.make_sharded_callbacks if sharded and case.make_sharded_callbacks else case.make_callbacks
     trainer = pl.Trainer(callbacks=make(), **trainer_kwargs)
     outcome: dict[str, Any] = {"case": name, "strategy": strategy, "error": None}
+    data = case.make_data()
+    if strategy == "single":
+        from lightning.fabric.utilities.seed import reset_seed
+
+        reset_seed()  # what DDP / ModelParallel's setup_distributed does: the same RNG state at the callbacks' setup
     try:
-        trainer.fit(module, datamodule=case.make_data())
+        trainer.fit(module, datamodule=data)
     except Exception as err:  # a refusal (or a crash) is the outcome the test reads
         outcome["error"] = f"{type(err).__name__}: {err}"
         outcome["traceback"] = traceback.format_exc()
