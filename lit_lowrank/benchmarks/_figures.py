@@ -38,11 +38,15 @@ def payload_digest(payload: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=float).encode()).hexdigest()[:16]
 
 
-def _label(kind: str, c: dict[str, Any]) -> str:
+def _title(kind: str, c: dict[str, Any]) -> str:
     text = c.get("claim", "?")
     if kind == "competitor":
-        text = f"{c.get('competitor')}: {text}"
-    return "\n".join(textwrap.wrap(f"[{kind}] {text}", 60)[:3])
+        text = f"{c.get('competitor')} in the method's place: {text}"
+    verdict = c.get("verdict", "?") + (f" (CI alone: {c['measured_verdict']})" if c.get("measured_verdict") else "")
+    target = c.get("target")
+    goal = f"{c.get('op', '')} {target:.4g}" if isinstance(target, (int, float)) else ""
+    line = f"[{kind}] {text}"
+    return "\n".join(textwrap.wrap(line, 110)[:2]) + f"   —   {goal}: {verdict}"
 
 
 def claims_figure(name: str, payload: dict[str, Any]) -> "Figure":
@@ -50,7 +54,7 @@ def claims_figure(name: str, payload: dict[str, Any]) -> "Figure":
     from matplotlib.figure import Figure
 
     items = [(kind, c) for key, kind in SECTIONS for c in payload.get(key, []) or []]
-    fig = Figure(figsize=(9.0, 0.62 * max(1, len(items)) + 0.8), dpi=90, layout="constrained")
+    fig = Figure(figsize=(9.0, 0.95 * max(1, len(items)) + 0.5), dpi=90, layout="constrained")
     if not items:
         ax = fig.subplots()
         ax.set_axis_off()
@@ -58,31 +62,29 @@ def claims_figure(name: str, payload: dict[str, Any]) -> "Figure":
         return fig
     axes = fig.subplots(len(items), 1, squeeze=False)[:, 0]
     for ax, (kind, c) in zip(axes, items):
-        verdict = c.get("verdict", "inconclusive")
-        colour = COLOURS.get(verdict, "#8d99ae")
+        colour = COLOURS.get(c.get("verdict", "inconclusive"), "#8d99ae")
         est, target, ci = c.get("estimate"), c.get("target"), c.get("ci")
         xs = [v for v in (est, target, *(ci or [])) if isinstance(v, (int, float))]
         if ci:
-            ax.plot(ci, [0, 0], color=colour, linewidth=3, solid_capstyle="butt")
+            ax.plot(ci, [0, 0], color=colour, linewidth=4, solid_capstyle="butt")
         if isinstance(est, (int, float)):
-            ax.plot([est], [0], "o", color=colour, markersize=6)
+            ax.plot([est], [0], "o", color=colour, markersize=7)
         if isinstance(target, (int, float)):
             ax.axvline(target, color="black", linestyle="--", linewidth=0.8)
-            ax.text(target, 0.62, f" {c.get('op', '')} {target:.4g}", fontsize=6, va="bottom")
             if c.get("op") == "within":
                 ax.axvline(-target, color="black", linestyle="--", linewidth=0.8)
                 xs.append(-target)
         lo, hi = (min(xs), max(xs)) if xs else (0.0, 1.0)
         pad = 0.08 * (hi - lo) or 0.05 * (abs(hi) or 1.0)
         ax.set_xlim(lo - pad, hi + pad)
+        ax.set_ylim(-1, 1)
         ax.set_yticks([])
         ax.tick_params(axis="x", labelsize=7, pad=1)
-        ax.set_ylabel(_label(kind, c), rotation=0, ha="right", va="center", fontsize=7)
-        shown = verdict + (f" (CI alone: {c['measured_verdict']})" if c.get("measured_verdict") else "")
-        ax.text(1.01, 0.5, shown, transform=ax.transAxes, fontsize=7, color=colour, va="center")
+        ax.set_title(_title(kind, c), fontsize=7, loc="left", color="black", pad=2)
         for side in ("top", "right", "left"):
             ax.spines[side].set_visible(False)
-    fig.suptitle(f"{name}: estimate, 95% CI and target (dashed) per claim", fontsize=9)
+    fig.suptitle(f"{name}: estimate (dot), 95% CI (bar) and target (dashed) per item; colour = verdict",
+                 fontsize=9)
     return fig
 
 
