@@ -54,7 +54,8 @@ def test_claims_put_a_same_radius_random_move_beside_every_claim_and_catch_colla
     for u in range(6):
         def add(method, radius, diversity, basin, l0, lk, rec=0.9):
             rows.append({"method": method, "radius": radius, "unit": f"u{u}", "l0": l0, "lk": lk,
-                         "reward": l0 - lk, "recognised": rec, "recognised_wrong": 0.02, "diversity": diversity,
+                         "reward": l0 - lk, "reward_insample": l0 - lk + 0.01 * (method == "camel"),
+                         "recognised": rec, "recognised_wrong": 0.02, "diversity": diversity,
                          "basin_dist": basin[1], "basin_dist_32": basin[0], "basin_dist_512": basin[1]})
         noise = 1 + 0.01 * rng.standard_normal(8)
         add("class_embedding", 0.0, 4.0 * noise[0], (2.9, 2.4), 0.09, 0.10)
