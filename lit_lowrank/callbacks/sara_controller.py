@@ -22,7 +22,8 @@ run's fractions replayed or shuffled).
     from lit_lowrank.callbacks.sara_controller import apply_sara
 
     with apply_sara(pipe.unet) as sara:                     # diffusers pipeline, or module.model
-        sara.calibrate(lambda: pipe(prompts[:2], num_inference_steps=25), budget=0.6)
+        sara.calibrate(lambda: pipe(prompts[:2], num_inference_steps=25,          # deterministic: seeded
+                                    generator=torch.Generator().manual_seed(0)), budget=0.6)
         images = pipe(prompts, num_inference_steps=25).images
         print(sara.macs_ratio())
     # leaving the block restores the original Linear layers
