@@ -39,7 +39,7 @@ from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, competitor, p
 from lit_lowrank.datamodules.flows import DEFAULT_NOVEL, FlowsDataModule
 from lit_lowrank.federated.phrases import phrase_embeddings
 from lit_lowrank.federated.server import class_statistics, evaluate_client_episodes, run_federation
-from lit_lowrank.ops.prior_bank import global_prior, retrieve_prior
+from lit_lowrank.ops.prior_bank import gated_prior, global_prior, retrieve_prior
 
 SPLITS: tuple[tuple[str, ...], ...] = (
     DEFAULT_NOVEL["cicids2017"],
@@ -128,17 +128,21 @@ def tune(result, dm, keys, clients: list[int], shots: int, episodes: int, seed: 
     return chosen
 
 
-def prior_distances(result, dm, keys, cfg: dict[str, Any]) -> tuple[float, float]:
-    """Mean over novel classes of ‖μ_retrieved − μ_c‖ and ‖μ_global − μ_c‖ (encoder features, all clients' rows)."""
+def prior_distances(result, dm, keys, cfg: dict[str, Any]) -> dict[str, float]:
+    """Mean over novel classes of ‖μ₀ − μ_c‖ for the raw top-k retrieval, the gated prior (what the method
+    uses, at its tuned settings) and the global prior (encoder features, the class mean over all clients' rows)."""
     z = result.features(dm.novel_x)
     stats = class_statistics(z, dm.novel_y, range(len(dm.novel_names)))
     mu_g = global_prior(result.bank)[0]
-    retr, glob = [], []
+    out: dict[str, list[float]] = {"dist_retrieved": [], "dist_gated": [], "dist_global": [], "gate": []}
     for c, (mu_c, _) in stats.items():
         mu_r = retrieve_prior(result.bank, keys[c], k=cfg["k"], temperature=cfg["temperature"])[0]
-        retr.append(float((mu_r - mu_c).norm()))
-        glob.append(float((mu_g - mu_c).norm()))
-    return float(np.mean(retr)), float(np.mean(glob))
+        mu_w, _, w = gated_prior(result.bank, keys[c], k=cfg["k"], temperature=cfg["temperature"],
+                                 threshold=cfg["gate_threshold"])
+        for key, value in (("dist_retrieved", (mu_r - mu_c).norm()), ("dist_gated", (mu_w - mu_c).norm()),
+                           ("dist_global", (mu_g - mu_c).norm()), ("gate", w)):
+            out[key].append(float(value))
+    return {key: float(np.mean(v)) for key, v in out.items()}
 
 
 def _run(quick: bool, seed: int) -> BenchmarkResult:
@@ -192,14 +196,14 @@ def _run(quick: bool, seed: int) -> BenchmarkResult:
                             f1[name] = float(np.mean(sc[("prior_bank", shots)]))
                     best = max(FEDAVG, key=lambda m: chosen[m][1])
                     f1["best_fedavg"] = f1[best]
-                    retr, glob = prior_distances(result, dm, keys, pb)
+                    distances = prior_distances(result, dm, keys, pb)
                     for method, value in f1.items():
                         base = method if method in chosen else None
                         rows.append({**unit, "shots": shots, "method": method, "f1": value,
                                      "val_f1": chosen[base][1] if base else None,
                                      "settings": chosen[base][0] if base else None,
                                      **({"selected": best} if method == "best_fedavg" else {}),
-                                     **({"dist_retrieved": retr, "dist_global": glob} if method == "prior_bank" else {})})
+                                     **(distances if method == "prior_bank" else {})})
                 rows[-1]["unit_cpu_s"] = time.process_time() - start
     premises, claims, competitors, controls = claims_and_controls(rows, low=low, high=high)
     notes = {"clients": clients, "class_share": share, "rounds": rounds, "local_epochs": local_epochs,
@@ -241,12 +245,15 @@ def claims_and_controls(rows: list[dict[str, Any]], low: float, high: float, wor
                                 quantity="macro F1(oracle prior) − macro F1(best FedAvg), per unit", values=head,
                                 units=units, **kw))
     dist = _values(rows, "prior_bank", world, high, 1, "dist_global")
-    retr = _values(rows, "prior_bank", world, high, 1, "dist_retrieved")
-    units = sorted(dist)
-    premises.append(premise("retrieval_closer", f"the retrieved prior mean is closer to the novel class mean than the "
-                            f"global prior's (α={high:g})", needs="phrases retrieve statistically related base classes",
-                            quantity="mean over novel classes of ‖μ_global − μ_c‖ − ‖μ_retrieved − μ_c‖, encoder "
-                                     "features, per unit", values=[dist[u] - retr[u] for u in units], units=units, **kw))
+    for name, field, what in (("retrieval_closer", "dist_gated", "similarity-gated prior (the method's μ₀)"),
+                              ("raw_retrieval_closer", "dist_retrieved", "raw top-k retrieved prior (no gate)")):
+        mine = _values(rows, "prior_bank", world, high, 1, field)
+        units = sorted(dist)
+        premises.append(premise(name, f"the {what} mean is closer to the novel class mean than the global prior's "
+                                f"(α={high:g})", needs="phrases retrieve statistically related base classes",
+                                quantity=f"mean over novel classes of ‖μ_global − μ_c‖ − ‖μ₀ − μ_c‖ ({field}), encoder "
+                                         "features, per unit", values=[dist[u] - mine[u] for u in units], units=units,
+                                **kw))
     for alpha in (high, low):
         gain, units = _diff(rows, "prior_bank", "best_fedavg", world, alpha, 1)
         claims.append(claim(f"1-shot: prior bank above the best FedAvg baseline (α={alpha:g})", paper=PAPER,

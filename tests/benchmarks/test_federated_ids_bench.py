@@ -27,13 +27,14 @@ def _rows(gain_high: float, gain_low: float, retrieval: float, shuffled: float, 
                       "prior_bank_shuffled": base + gain - retrieval + shuffled}
                 for method, value in f1.items():
                     rows.append({**unit, "alpha": alpha, "shots": shots, "method": method, "f1": value,
-                                 "dist_global": 3.0 + jitter, "dist_retrieved": 3.0 - closer})
+                                 "dist_global": 3.0 + jitter, "dist_retrieved": 3.0 - closer,
+                                 "dist_gated": 3.0 - closer / 2})
     return rows
 
 
 def test_claims_follow_the_per_unit_rows():
     premises, claims, competitors, controls = claims_and_controls(_rows(0.1, 0.02, 0.05, -0.03), low=1.0, high=0.05)
-    assert [p["verdict"] for p in premises] == ["holds"] * 3
+    assert [p["verdict"] for p in premises] == ["holds"] * 4
     assert [c["verdict"] for c in claims] == ["holds"] * 5
     assert all(c["n"] == 4 and c["unit"] == "split×seed" for c in claims)
     assert [c["verdict"] for c in controls] == ["fails"]
@@ -41,7 +42,7 @@ def test_claims_follow_the_per_unit_rows():
     bad_premises, bad_claims, _, bad_controls = claims_and_controls(_rows(-0.1, 0.02, -0.05, 0.04, closer=-1.0),
                                                                     low=1.0, high=0.05)
     assert bad_claims[0]["verdict"] == "fails" and bad_claims[-1]["verdict"] == "fails"
-    assert bad_premises[-1]["verdict"] == "fails"               # retrieval farther than the global prior
+    assert bad_premises[-2]["verdict"] == "fails"               # retrieval farther than the global prior
     assert {c["verdict"] for c in bad_controls} == {"holds"}
     resolved = resolve(bad_claims, bad_premises, [])
     assert resolved[-1]["verdict"] == "no_headroom"            # the retrieval claim then reads no_headroom
