@@ -35,8 +35,7 @@ import torch
 
 from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, competitor, premise
 from lit_lowrank.datamodules.homodyne import HomodyneDataModule
-from lit_lowrank.ops.homodyne import (fidelity_pure, fidelity_to_pure, purity, reduced_density_matrix,
-                                      two_mode_cat_state)
+from lit_lowrank.ops.homodyne import fidelity_pure, fidelity_to_pure, purity, reduced_density_matrix, two_mode_cat_state
 from lit_lowrank.ops.imle import imle_reconstruct, leading_eigenvector
 from lit_lowrank.tasks.tomography import TomographyModule, fit_with_restarts
 
