@@ -275,7 +275,7 @@ LABEL_MECHANISMS: dict[str, tuple[str, ...]] = {
 #: Data sources of :class:`FlowsDataModule`.
 SOURCES: tuple[str, ...] = ("simulated", "cicids2017", "cicddos2019", "unsw-nb15")
 #: Worlds of :func:`simulate_flows`.
-WORLDS: tuple[str, ...] = ("mechanisms", "leaky", "decoupled")
+WORLDS: tuple[str, ...] = ("mechanisms", "families", "leaky", "decoupled")
 
 
 def simulate_flows(
@@ -294,6 +294,13 @@ def simulate_flows(
       of a class's signature is its own. Labels sharing mechanisms have related statistics; a
       phrase retrieves a useful prior only if its embedding reflects shared mechanisms — the
       retrieval has to earn its gain, and no base class is a copy of a novel one;
+    - ``"families"``: related attack classes are statistically close, as CICIDS2017's families are
+      (its DoS variants share HTTP-flood flow shapes, its three web attacks are near-inseparable in
+      flow features, FTP-/SSH-Patator differ mostly in port and timing): a class's signature is
+      ``m_c = √(1−s)·m_family + √s·ε_c`` (and its covariance factor likewise) with the family of
+      :data:`LABEL_FAMILIES` and ``s = class_share`` — family-mates share ``1−s`` of their
+      statistics, classes without a family-mate (Bot, Infiltration, Heartbleed, PortScan) have
+      only their own, so a retrieved prior helps only where a phrase finds a real relative;
     - ``"leaky"``: the classes of one attack family (:data:`LABEL_FAMILIES`) share the mean and
       covariance shape up to a small offset, and family-mates have near-identical phrases — the
       named upper bound where retrieval finds a near-copy by construction;
@@ -323,6 +330,9 @@ def simulate_flows(
     mech_chol = {m: mech.normal(0, 1.0, (latent_dim, 3)) * 0.9 for m in MECHANISMS}
     own_mean = {c: mech.normal(0, 2.0, latent_dim) for c in labels}
     own_chol = {c: mech.normal(0, 1.0, (latent_dim, 3)) * 0.9 for c in labels}
+    related = np.random.default_rng(2021)  # the families world's signatures (other worlds unchanged)
+    family_mean = {f: related.normal(0, 2.0, latent_dim) for f in families}
+    family_chol = {f: related.normal(0, 1.0, (latent_dim, 3)) * 0.9 for f in families}
     assigned = {c: LABEL_MECHANISMS[c] for c in labels}
     if world == "decoupled":
         order = mech.permutation(len(labels))
@@ -333,10 +343,13 @@ def simulate_flows(
         if world == "leaky":
             fam = LABEL_FAMILIES["cicids2017"][c]
             return fam_mean[fam] + offsets[c], fam_chol[fam]
+        w_own, w_shared = np.sqrt(class_share), np.sqrt(1.0 - class_share)
+        if world == "families":
+            fam = LABEL_FAMILIES["cicids2017"][c]
+            return w_shared * family_mean[fam] + w_own * own_mean[c], w_shared * family_chol[fam] + w_own * own_chol[c]
         ms = assigned[c]
         shared_m = sum(mech_mean[m] for m in ms) / np.sqrt(len(ms))
         shared_l = sum(mech_chol[m] for m in ms) / np.sqrt(len(ms))
-        w_own, w_shared = np.sqrt(class_share), np.sqrt(1.0 - class_share)
         return w_shared * shared_m + w_own * own_mean[c], w_shared * shared_l + w_own * own_chol[c]
 
     rng = np.random.default_rng(seed)
@@ -368,7 +381,10 @@ class FlowsDataModule(pl.LightningDataModule):
         alpha: Dirichlet concentration (small = high skew).
         samples_per_class: simulated rows per class.
         world: how simulated class statistics relate to the labels (:func:`simulate_flows`):
-            ``"mechanisms"``, ``"leaky"`` (upper bound) or ``"decoupled"`` (null).
+            ``"mechanisms"``, ``"families"`` (related classes statistically close), ``"leaky"`` (upper
+            bound) or ``"decoupled"`` (null).
+        class_share: the class-own share ``s`` of a simulated class's statistics (``"mechanisms"``
+            and ``"families"`` worlds; the rest is shared with its mechanisms or family).
         max_rows_per_class: subsample each class of the real data to at most this many rows.
         val_fraction: base rows held out for validation of the encoder.
         client_id: ``None`` trains on all base-train rows, ``k`` on client ``k``'s rows.
@@ -390,6 +406,7 @@ class FlowsDataModule(pl.LightningDataModule):
         alpha: float = 0.3,
         samples_per_class: int = 400,
         world: str = "mechanisms",
+        class_share: float = 0.5,
         max_rows_per_class: int | None = 5000,
         val_fraction: float = 0.1,
         client_id: int | None = None,
@@ -413,7 +430,9 @@ class FlowsDataModule(pl.LightningDataModule):
         self.samples_per_class, self.max_rows_per_class = samples_per_class, max_rows_per_class
         if world not in WORLDS:
             raise ValueError(f"FlowsDataModule: `world`={world!r}, expected one of {WORLDS}")
-        self.world = world
+        if not 0.0 <= class_share <= 1.0:
+            raise ValueError(f"FlowsDataModule: `class_share`={class_share!r}, expected in [0, 1]")
+        self.world, self.class_share = world, class_share
         self.val_fraction, self.client_id, self.rounds = val_fraction, client_id, rounds
         self.batch_size, self.seed = batch_size, seed
         self._ready = False
@@ -426,7 +445,8 @@ class FlowsDataModule(pl.LightningDataModule):
         if self._ready:
             return
         if self.source == "simulated":
-            x, labels = simulate_flows(self.samples_per_class, seed=self.seed, world=self.world)
+            x, labels = simulate_flows(self.samples_per_class, seed=self.seed, world=self.world,
+                                       class_share=self.class_share)
         elif self.source == "unsw-nb15":
             x, labels = load_unsw_csv(self.root)[:2]
         else:

@@ -58,7 +58,10 @@ class FedLowShotModule(pl.LightningModule):
         ways, shots, episodes, queries: episodic evaluation (``episodes`` per shot count; under
             ``fast_dev_run`` capped at 5, and clients train one local batch).
         kappa, nu0: NIW prior strengths; k, temperature: prior retrieval.
-        classifier: ``"qda"`` or ``"logistic"`` episode classifier for the prior-based methods.
+        gate_threshold: top phrase cosine at which the retrieved and global priors weigh equally
+            (:func:`~lit_lowrank.ops.prior_bank.gated_prior`; ``None``: always trust the retrieval).
+        classifier: ``"logistic"`` (a head on samples of the adapted Gaussians, the default) or ``"qda"``
+            episode classifier for the prior-based methods.
         phrase_encoder: ``"minilm"`` (shipped sentence encoder) or ``"tfidf"``.
         optimizer: server optimizer factory on the pseudo-gradient (default ``SGD(lr=1)`` = FedAvg).
         seed: weight init and episode seed.
@@ -85,10 +88,11 @@ class FedLowShotModule(pl.LightningModule):
         nu0: float | None = None,
         k: int = 2,
         temperature: float = 0.1,
-        classifier: str = "qda",
+        classifier: str = "logistic",
         phrase_encoder: str = "minilm",
         optimizer: OptimizerCallable | None = None,
         seed: int = 0,
+        gate_threshold: float | None = 0.5,
     ) -> None:
         super().__init__()
         methods = list(methods) if methods is not None else ["prior_bank", "prototype"]
@@ -175,7 +179,8 @@ class FedLowShotModule(pl.LightningModule):
         episodes = min(h.episodes, 5) if self.trainer.fast_dev_run else h.episodes
         scores = evaluate_episodes(z, dm.novel_y, dm.novel_names, bank, phrase_embeddings(dm.novel_names,
                                    h.phrase_encoder), self.methods, h.ways, self.shots, episodes, h.queries, h.kappa,
-                                   h.nu0, h.k, h.temperature, h.classifier, h.seed)
+                                   h.nu0, h.k, h.temperature, h.classifier, h.seed,
+                                   gate_threshold=h.gate_threshold)
         self.last_scores = scores
         log_method(self, NAME, "bank_entries", float(len(bank.labels)), on_step=False, on_epoch=True)
         log_method(self, NAME, "bank_rows", float(bank.counts.sum()), on_step=False, on_epoch=True)

@@ -16,7 +16,7 @@ Shared by the in-process federation (:func:`run_federation`), the Lightning engi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -33,7 +33,7 @@ from lit_lowrank.ops.episodes import (
     sampled_logistic_classify,
 )
 from lit_lowrank.ops.niw import moments_to_gaussian, niw_map
-from lit_lowrank.ops.prior_bank import PriorBank, global_prior, retrieve_prior
+from lit_lowrank.ops.prior_bank import PriorBank, gated_prior, global_prior, retrieve_prior
 from lit_lowrank.ops.secure_sum import FRAC_BITS, decode_fixed_point, sum_masked
 
 #: Methods of :func:`evaluate_episodes`: the prior bank and its four baselines.
@@ -173,12 +173,35 @@ def _adapted(support: Tensor, s_y: Tensor, ways: int, priors: list[tuple[Tensor,
     return torch.stack(mus), torch.stack(sigmas)
 
 
+#: Settings of :func:`evaluate_episodes` a method may override (``settings={method: {...}}``).
+SETTINGS: tuple[str, ...] = ("kappa", "nu0", "k", "temperature", "gate_threshold", "gate_width", "classifier",
+                             "num_samples", "head_steps", "head_lr", "head_weight_decay")
+CLASSIFIERS: tuple[str, ...] = ("logistic", "qda")
+
+
+def _priors(method: str, cfg: dict, bank: PriorBank, novel_keys: Tensor, classes: np.ndarray,
+            oracle: dict[int, tuple[Tensor, Tensor]]) -> dict[int, tuple[Tensor, Tensor]]:
+    """``{class: (μ₀, Σ₀)}`` of a prior-based method under its settings ``cfg``."""
+    if method == "oracle_prior":
+        return {int(c): oracle[int(c)] for c in classes}
+    if method == "global_prior":
+        glob = global_prior(bank)
+        return {int(c): glob for c in classes}
+    if cfg["gate_threshold"] is None:  # the ungated prior bank: always trust the top-k retrieval
+        return {int(c): retrieve_prior(bank, novel_keys[int(c)], k=cfg["k"], temperature=cfg["temperature"])[:2]
+                for c in classes}
+    return {int(c): gated_prior(bank, novel_keys[int(c)], k=cfg["k"], temperature=cfg["temperature"],
+                                threshold=cfg["gate_threshold"], width=cfg["gate_width"])[:2] for c in classes}
+
+
 def evaluate_episodes(
     novel_z: Tensor, novel_y: Tensor, novel_names: Sequence[str], bank: PriorBank, novel_keys: Tensor,
     methods: Sequence[str] = METHODS, ways: int = 5, shots: Sequence[int] = (1, 5), episodes: int = 600,
     queries: int = 15, kappa: float = 1.0, nu0: float | None = None, k: int = 2, temperature: float = 0.1,
-    classifier: str = "qda", seed: int = 0, classes: Sequence[int] | None = None,
-    oracle: dict[int, tuple[Tensor, Tensor]] | None = None,
+    classifier: str = "logistic", seed: int = 0, classes: Sequence[int] | None = None,
+    oracle: dict[int, tuple[Tensor, Tensor]] | None = None, gate_threshold: float | None = 0.5,
+    gate_width: float = 0.05, num_samples: int = 50, head_steps: int = 100, head_lr: float = 1.0,
+    head_weight_decay: float = 1e-3, settings: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[tuple[str, int], list[float]]:
     """Per-episode macro F1 of each method on the same ``N``-way ``K``-shot episodes.
 
@@ -193,11 +216,18 @@ def evaluate_episodes(
             ``episodes`` episodes, shared by all methods (paired comparison).
         kappa, nu0: NIW prior strengths (:func:`~lit_lowrank.ops.niw.niw_map`).
         k, temperature: retrieval (:func:`~lit_lowrank.ops.prior_bank.retrieve_prior`).
-        classifier: ``"qda"`` (Gaussian log-likelihood) or ``"logistic"`` (head on sampled features)
-            for the prior-based methods.
+        gate_threshold, gate_width: the similarity gate of the prior bank
+            (:func:`~lit_lowrank.ops.prior_bank.gated_prior`); ``gate_threshold=None`` always trusts
+            the retrieval (the ungated bank).
+        classifier: the episode-specific classifier of the prior-based methods: ``"logistic"`` (a
+            softmax head trained on the support plus ``num_samples`` draws per adapted Gaussian, the
+            abstract's "lightweight episode-specific classifiers") or ``"qda"`` (Gaussian log-likelihood).
+        head_steps, head_lr, head_weight_decay: the ``finetuned_head`` baseline's training.
         seed: episode sampling seed.
         classes: the candidate classes of the episodes (default: every class in ``novel_y``).
         oracle: the oracle prior's ``{class: (mean, cov)}`` (default: the pool's own statistics).
+        settings: per-method overrides of the settings above (:data:`SETTINGS`), e.g. the values each
+            method's tuning chose: ``{"prior_bank": {"kappa": 4.0}, "finetuned_head": {"head_lr": 0.3}}``.
 
     .. code-block:: python
 
@@ -206,15 +236,27 @@ def evaluate_episodes(
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ValueError(f"evaluate_episodes: unknown methods {unknown}, expected among {METHODS}")
-    if classifier not in ("qda", "logistic"):
-        raise ValueError(f"evaluate_episodes: `classifier`={classifier!r}, expected 'qda' or 'logistic'")
+    defaults = {"kappa": kappa, "nu0": nu0, "k": k, "temperature": temperature, "gate_threshold": gate_threshold,
+                "gate_width": gate_width, "classifier": classifier, "num_samples": num_samples,
+                "head_steps": head_steps, "head_lr": head_lr, "head_weight_decay": head_weight_decay}
+    settings = dict(settings or {})
+    for m, over in settings.items():
+        bad = [key for key in over if key not in SETTINGS]
+        if m not in METHODS or bad:
+            raise ValueError(f"evaluate_episodes: `settings`[{m!r}] = {dict(over)}: methods must be among {METHODS} "
+                             f"and keys among {SETTINGS}")
+    cfgs = {m: {**defaults, **settings.get(m, {})} for m in methods}
+    for m, cfg in cfgs.items():
+        if cfg["classifier"] not in CLASSIFIERS:
+            raise ValueError(f"evaluate_episodes: `classifier`={cfg['classifier']!r} ({m}), expected one of "
+                             f"{CLASSIFIERS}")
     z = novel_z.to(torch.float64)
     y = np.asarray(novel_y)
     classes = np.unique(y) if classes is None else np.asarray(classes)
-    retrieved = {int(c): retrieve_prior(bank, novel_keys[int(c)], k=k, temperature=temperature)[:2] for c in classes}
-    glob = global_prior(bank)
-    if oracle is None:
+    if oracle is None and "oracle_prior" in methods:
         oracle = class_statistics(z, torch.as_tensor(y), classes)
+    priors = {m: _priors(m, cfgs[m], bank, novel_keys, classes, oracle or {}) for m in methods
+              if m not in ("prototype", "finetuned_head")}
     out: dict[tuple[str, int], list[float]] = {(m, s): [] for m in methods for s in shots}
     for s in shots:
         rng = np.random.default_rng(seed * 7919 + s)
@@ -222,16 +264,18 @@ def evaluate_episodes(
             s_idx, s_y, q_idx, q_y, chosen = sample_episode(y, classes, ways, s, queries, rng)
             sup, qry, sy = z[s_idx], z[q_idx], torch.as_tensor(s_y)
             for m in methods:
+                cfg = cfgs[m]
                 if m == "prototype":
                     pred = prototype_classify(qry, sup, sy, ways)
                 elif m == "finetuned_head":
-                    pred = finetuned_head_classify(qry, sup, sy, ways, seed=e)
+                    pred = finetuned_head_classify(qry, sup, sy, ways, steps=cfg["head_steps"], lr=cfg["head_lr"],
+                                                   weight_decay=cfg["head_weight_decay"], seed=e)
                 else:
-                    source = {"prior_bank": retrieved, "oracle_prior": oracle}.get(m)
-                    priors = [source[int(c)] if source is not None else glob for c in chosen]
-                    mus, sigmas = _adapted(sup, sy, ways, priors, kappa, nu0)
-                    pred = (gaussian_classify(qry, mus, sigmas) if classifier == "qda"
-                            else sampled_logistic_classify(qry, sup, sy, mus, sigmas, seed=e))
+                    mus, sigmas = _adapted(sup, sy, ways, [priors[m][int(c)] for c in chosen], cfg["kappa"],
+                                           cfg["nu0"])
+                    pred = (gaussian_classify(qry, mus, sigmas) if cfg["classifier"] == "qda"
+                            else sampled_logistic_classify(qry, sup, sy, mus, sigmas, num_samples=cfg["num_samples"],
+                                                           seed=e))
                 out[(m, s)].append(macro_f1(pred, q_y, ways))
     return out
 
@@ -249,7 +293,8 @@ def class_statistics(z: Tensor, y: Tensor, classes: Sequence[int] | np.ndarray) 
 
 def evaluate_client_episodes(
     result: FederationResult, datamodule, novel_keys: Tensor, methods: Sequence[str] = METHODS, ways: int = 5,
-    shots: Sequence[int] = (1, 5), episodes_per_client: int = 40, queries: int = 10, seed: int = 0, **kwargs,
+    shots: Sequence[int] = (1, 5), episodes_per_client: int = 40, queries: int = 10, seed: int = 0,
+    clients: Sequence[int] | None = None, **kwargs,
 ) -> dict[tuple[str, int], list[float]]:
     """Per-client episodes: each client adapts on its *own* novel rows and is scored on them.
 
@@ -258,13 +303,15 @@ def evaluate_client_episodes(
     novel classes it holds at least ``max(shots) + queries`` rows of; clients with fewer than two
     such classes run none. Every method sees the same episodes (paired); the oracle prior uses the
     novel classes' statistics over all clients. Returns the per-episode macro F1 of every client,
-    concatenated (``{(method, shots): [...]}``, the same order for every method).
+    concatenated (``{(method, shots): [...]}``, the same order for every method). ``clients``
+    restricts the evaluation to those clients (e.g. validation clients for tuning, the others for
+    the test); ``kwargs`` go to :func:`evaluate_episodes` (settings, ``settings=`` per method).
     """
     z_all = result.features(datamodule.novel_x)
     oracle = class_statistics(z_all, datamodule.novel_y, np.unique(datamodule.novel_y.numpy()))
     out: dict[tuple[str, int], list[float]] = {(m, s): [] for m in methods for s in shots}
     need = max(shots) + queries
-    for client in range(datamodule.num_clients):
+    for client in (range(datamodule.num_clients) if clients is None else clients):
         x_k, y_k = datamodule.client_novel(client)
         counts = np.bincount(y_k.numpy(), minlength=len(datamodule.novel_names))
         held = np.flatnonzero(counts >= need)

@@ -19,13 +19,19 @@ class FockWavefunction(nn.Module):
         cutoffs: per-mode Fock cutoffs ``(N₁[, N₂])``.
         hidden_size: width of the hidden layers.
         num_layers: number of hidden layers (``>= 1``).
+        init_state: ``(N₁[, N₂])`` amplitudes to start from (a warm start, e.g. iMLE's leading
+            eigenvector): the output becomes ``init + MLP(...)`` with the last layer scaled by
+            ``init_scale``, so the first state is ``init`` up to that perturbation (restarts differ).
+        init_scale: the warm start's initial perturbation of the last layer.
 
     .. code-block:: python
 
         psi = FockWavefunction((8, 8))()  # (8, 8) complex, unit norm
+        warm = FockWavefunction((8, 8), init_state=psi.detach())  # starts next to psi
     """
 
-    def __init__(self, cutoffs: Sequence[int], hidden_size: int = 128, num_layers: int = 2) -> None:
+    def __init__(self, cutoffs: Sequence[int], hidden_size: int = 128, num_layers: int = 2,
+                 init_state: Tensor | None = None, init_scale: float = 0.01) -> None:
         super().__init__()
         if not 1 <= len(cutoffs) <= 2 or min(cutoffs) < 1:
             raise ValueError(f"`cutoffs`={tuple(cutoffs)}, expected one or two positive cutoffs.")
@@ -42,9 +48,20 @@ class FockWavefunction(nn.Module):
             width = hidden_size
         layers.append(nn.Linear(width, 2))
         self.net = nn.Sequential(*layers)
+        # the warm start is a buffer (zeros without one), so a checkpoint restores it without the argument
+        self.register_buffer("start", torch.zeros(self.inputs.shape[0], 2))
+        if init_state is not None:
+            if tuple(init_state.shape) != self.cutoffs:
+                raise ValueError(f"`init_state` has shape {tuple(init_state.shape)}, expected the cutoffs {self.cutoffs}.")
+            start = init_state.detach().to(torch.complex64).reshape(-1)
+            start = start / torch.linalg.vector_norm(start)
+            self.start.copy_(torch.stack([start.real, start.imag], -1))
+            with torch.no_grad():  # the MLP starts as a small perturbation of the given state
+                layers[-1].weight.mul_(init_scale / max(1e-12, float(layers[-1].weight.abs().max())))
+                layers[-1].bias.zero_()
 
     def forward(self) -> Tensor:
         """The normalised amplitudes ``(N₁[, N₂])`` complex64."""
-        out = self.net(self.inputs)
+        out = self.net(self.inputs) + self.start
         psi = torch.complex(out[:, 0], out[:, 1])
         return (psi / torch.linalg.vector_norm(psi)).reshape(self.cutoffs)

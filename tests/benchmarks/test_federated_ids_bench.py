@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lit_lowrank.benchmarks.federated_ids import claims_and_controls, summary
+from lit_lowrank.benchmarks.federated_ids import DEFAULTS, SPACES, TRIALS, candidates, claims_and_controls, summary
+from lit_lowrank.benchmarks.harness import resolve
 from lit_lowrank.datamodules.flows import FlowsDataModule
 from lit_lowrank.federated.phrases import phrase_embeddings
 from lit_lowrank.federated.server import METHODS, evaluate_client_episodes, run_federation
@@ -13,36 +14,48 @@ from lit_lowrank.federated.server import METHODS, evaluate_client_episodes, run_
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _rows(gain_high: float, gain_low: float, retrieval: float, shuffled: float) -> list[dict]:
+def _rows(gain_high: float, gain_low: float, retrieval: float, shuffled: float, closer: float = 1.0) -> list[dict]:
     rows = []
     for u, jitter in enumerate((0.0, 0.01, -0.01, 0.02)):
-        unit = {"unit": f"split{u}-seed0", "encoder": "mlp"}
-        for world, alpha in (("mechanisms", 0.05), ("mechanisms", 1.0), ("leaky", 0.05)):
+        unit = {"unit": f"split{u}-seed0", "encoder": "mlp", "world": "families", "settings": {"gate_threshold": 0.5}}
+        for alpha in (0.05, 1.0):
             for shots in (1, 5):
                 gain = (gain_high if alpha == 0.05 else gain_low) * (1.0 if shots == 1 else 0.3)
                 base = 0.7 + jitter
-                f1 = {"prototype": base, "finetuned_head": base - 0.05, "global_prior": base + gain - retrieval,
-                      "prior_bank": base + gain, "oracle_prior": 1.0}
+                f1 = {"prototype": base, "finetuned_head": base - 0.05, "best_fedavg": base,
+                      "global_prior": base + gain - retrieval, "prior_bank": base + gain, "oracle_prior": 1.0,
+                      "prior_bank_shuffled": base + gain - retrieval + shuffled}
                 for method, value in f1.items():
-                    rows.append({**unit, "world": world, "alpha": alpha, "shots": shots, "keys": "phrases",
-                                 "method": method, "f1": value})
-                if alpha == 0.05:
-                    for method, value in (("prior_bank", base + gain - retrieval + shuffled),
-                                          ("global_prior", base + gain - retrieval)):
-                        rows.append({**unit, "world": world, "alpha": alpha, "shots": shots,
-                                     "keys": "shuffled_phrases", "method": method, "f1": value})
+                    rows.append({**unit, "alpha": alpha, "shots": shots, "method": method, "f1": value,
+                                 "dist_global": 3.0 + jitter, "dist_retrieved": 3.0 - closer,
+                                 "dist_gated": 3.0 - closer / 2})
     return rows
 
 
 def test_claims_follow_the_per_unit_rows():
-    claims, controls = claims_and_controls(_rows(0.1, 0.02, 0.05, -0.03), low=1.0, high=0.05)
+    premises, claims, competitors, controls = claims_and_controls(_rows(0.1, 0.02, 0.05, -0.03), low=1.0, high=0.05)
+    assert [p["verdict"] for p in premises] == ["holds"] * 4
     assert [c["verdict"] for c in claims] == ["holds"] * 5
     assert all(c["n"] == 4 and c["unit"] == "split×seed" for c in claims)
-    assert [c["verdict"] for c in controls] == ["fails", "fails"]
-    bad_claims, bad_controls = claims_and_controls(_rows(-0.1, 0.02, -0.05, 0.04), low=1.0, high=0.05)
+    assert [c["verdict"] for c in controls] == ["fails"]
+    assert {c["for"] for c in competitors} == {"fedavg_0.05", "fedavg_1", "retrieval"}
+    bad_premises, bad_claims, _, bad_controls = claims_and_controls(_rows(-0.1, 0.02, -0.05, 0.04, closer=-1.0),
+                                                                    low=1.0, high=0.05)
     assert bad_claims[0]["verdict"] == "fails" and bad_claims[-1]["verdict"] == "fails"
+    assert bad_premises[-2]["verdict"] == "fails"               # retrieval farther than the global prior
     assert {c["verdict"] for c in bad_controls} == {"holds"}
-    assert {r["world"] for r in summary(_rows(0.1, 0.02, 0.05, -0.03))} == {"mechanisms", "leaky (upper bound)"}
+    resolved = resolve(bad_claims, bad_premises, [])
+    assert resolved[-1]["verdict"] == "no_headroom"            # the retrieval claim then reads no_headroom
+    assert {r["world"] for r in summary(_rows(0.1, 0.02, 0.05, -0.03))} == {"families"}
+
+
+def test_candidates_give_every_tuned_method_the_same_budget():
+    rng = np.random.default_rng(0)
+    drawn = {m: candidates(m, 32, rng) for m in SPACES}
+    assert {len(v) for v in drawn.values()} == {TRIALS}
+    assert drawn["prior_bank"][0]["nu0"] == 32 + 1 + DEFAULTS["prior_bank"]["nu0"]   # ν₀ − d − 1 on the grid
+    assert all(len({tuple(sorted(c.items())) for c in v}) == TRIALS for v in drawn.values())
+    assert candidates("prototype", 32, rng) == [{}]
 
 
 def test_per_client_episodes_are_local_and_paired():

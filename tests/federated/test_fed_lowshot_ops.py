@@ -10,7 +10,7 @@ from scipy.stats import invwishart
 from lit_lowrank.ops.dirichlet_partition import dirichlet_partition, partition_statistics
 from lit_lowrank.ops.episodes import gaussian_classify, macro_f1, mean_ci, prototype_classify, sample_episode
 from lit_lowrank.ops.niw import class_moments, moments_to_gaussian, niw_map
-from lit_lowrank.ops.prior_bank import PriorBank, global_prior, retrieve_prior
+from lit_lowrank.ops.prior_bank import PriorBank, gated_prior, global_prior, retrieve_prior, similarity_gate
 from lit_lowrank.ops.secure_sum import (
     decode_fixed_point,
     dh_keypair,
@@ -155,6 +155,55 @@ def test_prior_retrieval_and_global_prior():
     g_mu, g_sigma = global_prior(bank)
     torch.testing.assert_close(g_mu, torch.tensor([1.0, 2.5], dtype=torch.float64))
     torch.testing.assert_close(g_sigma, 2.25 * torch.eye(2, dtype=torch.float64))
+
+
+def test_similarity_gate_blends_retrieved_and_global_priors():
+    keys = torch.nn.functional.normalize(torch.tensor([[1.0, 0, 0], [0.9, 0.1, 0], [0, 0, 1.0]]), dim=1)
+    means = torch.tensor([[1.0, 0], [3.0, 0], [0, 5.0]])
+    covs = torch.stack([torch.eye(2), 2 * torch.eye(2), 3 * torch.eye(2)])
+    bank = PriorBank(keys, means, covs, torch.tensor([10.0, 10.0, 20.0]), ["a", "b", "c"])
+    query = torch.tensor([0.0, 0.6, 0.8])                        # top cosine 0.8 (entry c)
+    mu_r, sigma_r = retrieve_prior(bank, query, k=1)[:2]
+    mu_g, sigma_g = global_prior(bank)
+    mu, sigma, w = gated_prior(bank, query, k=1, threshold=-1.0)  # gate open: the retrieval
+    assert w > 0.999 and torch.allclose(mu, mu_r, atol=1e-3)
+    mu, sigma, w = gated_prior(bank, query, k=1, threshold=2.0)   # gate shut: the global prior
+    assert w < 1e-3 and torch.allclose(mu, mu_g, atol=1e-2) and torch.allclose(sigma, sigma_g, atol=1e-2)
+    mu, sigma, w = gated_prior(bank, query, k=1, threshold=0.8)   # at the threshold: the midpoint
+    assert w == pytest.approx(0.5)
+    torch.testing.assert_close(mu, 0.5 * (mu_r + mu_g))
+    torch.testing.assert_close(sigma, 0.5 * (sigma_r + sigma_g))
+    gates = [similarity_gate(s, 0.5) for s in (0.2, 0.45, 0.5, 0.55, 0.9)]
+    assert gates == sorted(gates) and gates[0] < 0.01 and gates[-1] > 0.99
+    assert similarity_gate(-50.0, 0.5, width=1e-3) == 0.0      # no overflow far from the threshold
+    with pytest.raises(ValueError, match="width"):
+        similarity_gate(0.5, 0.5, width=0.0)
+
+
+def test_evaluate_episodes_settings_per_method_and_gate_off_equals_ungated():
+    from lit_lowrank.federated.server import evaluate_episodes
+
+    gen = torch.Generator().manual_seed(0)
+    centres = torch.randn(4, 3, generator=gen) * 3
+    z = torch.cat([centres[c] + torch.randn(30, 3, generator=gen) for c in range(4)])
+    y = torch.arange(4).repeat_interleave(30)
+    keys = torch.nn.functional.normalize(torch.randn(5, 8, generator=gen), dim=1)
+    bank = PriorBank(keys, torch.randn(5, 3, generator=gen), torch.eye(3).repeat(5, 1, 1), torch.full((5,), 50.0),
+                     list("abcde"))
+    novel_keys = torch.nn.functional.normalize(torch.randn(4, 8, generator=gen), dim=1)
+    run = dict(ways=3, shots=(1,), episodes=4, queries=5, seed=0)
+    ungated = evaluate_episodes(z, y, list("wxyz"), bank, novel_keys, ("prior_bank",), gate_threshold=None, **run)
+    open_gate = evaluate_episodes(z, y, list("wxyz"), bank, novel_keys, ("prior_bank",),
+                                  settings={"prior_bank": {"gate_threshold": -10.0}}, **run)
+    assert ungated == open_gate                                   # a wide-open gate is the plain retrieval
+    shut = evaluate_episodes(z, y, list("wxyz"), bank, novel_keys, ("prior_bank", "global_prior"),
+                             settings={"prior_bank": {"gate_threshold": 10.0}}, **run)
+    assert shut[("prior_bank", 1)] == shut[("global_prior", 1)]   # a shut gate is the global prior
+    with pytest.raises(ValueError, match="settings"):
+        evaluate_episodes(z, y, list("wxyz"), bank, novel_keys, ("prior_bank",), settings={"prior_bank": {"kapa": 1}},
+                          **run)
+    with pytest.raises(ValueError, match="classifier"):
+        evaluate_episodes(z, y, list("wxyz"), bank, novel_keys, ("prior_bank",), classifier="svm", **run)
 
 
 def test_episode_sampling_classifiers_and_f1():

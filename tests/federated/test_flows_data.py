@@ -116,6 +116,28 @@ def test_simulated_worlds_relate_statistics_to_labels_as_documented():
         simulate_flows(10, world="magic")
 
 
+def test_families_world_makes_family_mates_close_by_their_shared_share():
+    def class_means(share):
+        x, y = simulate_flows(samples_per_class=150, seed=0, world="families", class_share=share)
+        z = np.sign(x) * np.log1p(np.abs(x))
+        return {c: z[y == c].mean(0) for c in sorted(set(y))}
+
+    def mate_vs_other(m):
+        mates = [("DoS slowloris", "DoS Slowhttptest"), ("FTP-Patator", "SSH-Patator"),
+                 ("Web Attack XSS", "Web Attack Sql Injection"), ("DoS Hulk", "DoS GoldenEye")]
+        others = [("DoS slowloris", "PortScan"), ("FTP-Patator", "Bot"), ("Web Attack XSS", "Heartbleed"),
+                  ("DoS Hulk", "Infiltration")]
+        d = lambda a, b: float(np.linalg.norm(m[a] - m[b]))  # noqa: E731
+        return np.mean([d(*p) for p in mates]), np.mean([d(*p) for p in others])
+
+    close_mates, close_others = mate_vs_other(class_means(0.3))
+    assert close_mates < 0.75 * close_others          # family-mates are statistically close
+    own_mates, own_others = mate_vs_other(class_means(1.0))
+    assert own_mates > close_mates                    # ... because they share the family signature
+    with pytest.raises(ValueError, match="class_share"):
+        FlowsDataModule(class_share=1.5)
+
+
 def test_novel_rows_are_partitioned_over_clients():
     dm = FlowsDataModule(num_clients=4, alpha=0.1, samples_per_class=60, seed=2)
     dm.setup()
