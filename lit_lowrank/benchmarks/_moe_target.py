@@ -20,15 +20,15 @@ from typing import Any
 
 import torch
 
-MODEL_CONFIG = {"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+MODEL_CONFIG = {"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 12, "num_attention_heads": 4,
                 "num_key_value_heads": 2, "head_dim": 16, "num_experts": 16, "num_experts_per_tok": 2,
                 "moe_intermediate_size": 64, "intermediate_size": 128, "norm_topk_prob": True,
                 "max_position_embeddings": 256}
 CORPUS = "lee+text8"
 SEQ_LEN, BATCH = 64, 8
 #: AdamW + one-cycle; no weight decay (the experts drift further from their Gaussian init, as a long
-#: pretraining run's do). 4000 steps = 2.0M tokens, under one epoch of the 2.3M training tokens.
-FP_RECIPE = {"steps": 4000, "lr": 3e-3, "weight_decay": 0.0, "pct_start": 0.1, "clip": 1.0}
+#: pretraining run's do). 1500 steps = 0.77M tokens, a third of an epoch of the 2.3M training tokens.
+FP_RECIPE = {"steps": 1500, "lr": 3e-3, "weight_decay": 0.0, "pct_start": 0.1, "clip": 1.0}
 #: The train/val split and batch order are fixed; seeds vary the model (init + data order).
 DATA_SEED = 0
 
@@ -71,7 +71,9 @@ def target_model(dm: Any, seed: int) -> Any:
     gen = torch.Generator().manual_seed(seed)
     data = dm.train_dataloader().dataset
     module.train()
-    for _ in range(steps):
+    for step in range(steps):
+        if step % 250 == 0:
+            print(f"[moe target seed {seed}] step {step}/{steps}", flush=True)
         idx = torch.randint(0, len(data), (BATCH,), generator=gen).tolist()
         batch = torch.utils.data.default_collate([data[i] for i in idx])
         loss = module.step(batch)["loss"]
