@@ -127,6 +127,11 @@ def window_nll(model: nn.Module, batches: list[dict[str, Tensor]]) -> tuple[list
     return nll, count
 
 
+def first_window(batch: dict[str, Tensor], tokens: int = THROUGHPUT_TOKENS) -> dict[str, Tensor]:
+    """The first ``tokens`` positions of a batch's first window (per-token tensors ``(B, T)`` only)."""
+    return {k: v[:1, :tokens] for k, v in batch.items() if v.dim() == 2}
+
+
 def effective_weight(layer: nn.Module) -> Tensor:
     """A quantized layer's weight in the original input basis (a rotated layer's ``W_hat R``)."""
     return getattr(layer, "dequantize_unrotated", layer.dequantize)()
@@ -266,9 +271,8 @@ def run(quick: bool, seed: int = 0) -> BenchmarkResult:
                 layer_rows += [{"budget": budget, "method": method, "layer": k, "output_error": v}
                                for k, v in errors.items()]
             if method == "sphquant" and budget == HEADLINE:
-                speed = timed("throughput", lambda: throughput(
-                    model, originals, {k: v[:1, :THROUGHPUT_TOKENS] for k, v in evaluation[0].items()},
-                    cfg["throughput_repeats"]))
+                speed = timed("throughput", lambda: throughput(model, originals, first_window(evaluation[0]),
+                                                               cfg["throughput_repeats"]))
             for name, module in originals.items():  # restore the float model for the next method
                 replace_module(model, name, module)
             model.__dict__.pop(SURGERY_ATTR, None)

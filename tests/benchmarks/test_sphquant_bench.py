@@ -125,3 +125,13 @@ def test_window_nll_is_the_mean_token_cross_entropy(monkeypatch):
     assert nll[0] == pytest.approx(float(-(logp[0, [0, 1, 2], [1, 2, 3]]).mean()), rel=1e-5)
     assert nll[1] == pytest.approx(float(-(logp[1, range(5), [0, 1, 2, 3, 4]]).mean()), rel=1e-5)
     assert math.isfinite(nll[0])
+
+
+def test_first_window_keeps_per_token_tensors_only():
+    """The throughput row's input: the evaluation batches also carry 1-D per-window fields (a crash once)."""
+    from lit_lowrank.benchmarks.sphquant import first_window
+
+    batch = {**_batch(), "doc_lengths": torch.tensor([16, 16])}
+    out = first_window(batch, tokens=8)
+    assert set(out) == {"input_ids", "position_ids", "doc_ids", "labels"}
+    assert all(v.shape == (1, 8) for v in out.values())
