@@ -111,6 +111,8 @@ class MoEQuantQAT(MethodCallback):
         init: compensator init, ``"svd"`` (of the quantization residual) or ``"zeros"``.
         train_experts: also train the expert weights through the straight-through estimator
             (default False: the spec's adapters-only QAT).
+        act_quant: W4A8 as served: FP8 E4M3 per-token activations at the expert GEMMs (straight-through
+            in training; the FP teacher pass of :class:`RoutingReplay` stays full precision).
 
     .. code-block:: python
 
@@ -121,7 +123,7 @@ class MoEQuantQAT(MethodCallback):
 
     def __init__(self, avg_rank: int = 4, allocation: str = "load", max_rank: int | None = None,
                  calibration_batches: int = 4, block_size: int = 32, init: str = "svd",
-                 train_experts: bool = False) -> None:
+                 train_experts: bool = False, act_quant: bool = False) -> None:
         if allocation not in ("load", "uniform", "none"):
             raise ValueError(f"`allocation`={allocation!r}: expected 'load', 'uniform' or 'none'.")
         if avg_rank < 0 or (allocation != "none" and avg_rank == 0):
@@ -132,6 +134,7 @@ class MoEQuantQAT(MethodCallback):
         self.avg_rank, self.allocation, self.max_rank = int(avg_rank), allocation, max_rank
         self.calibration_batches, self.block_size, self.init = int(calibration_batches), int(block_size), init
         self.train_experts = bool(train_experts)
+        self.act_quant = bool(act_quant)
         self.report: dict[str, Any] = {}
         self._logged = False
 
@@ -153,7 +156,7 @@ class MoEQuantQAT(MethodCallback):
             loads = {name: torch.full((num_experts[name],), 1.0 / num_experts[name]) for name in blocks}
         ranks = None if self.allocation == "none" else allocate_expert_ranks(
             spectra, loads, self.avg_rank, allocation=self.allocation, max_rank=self.max_rank)
-        apply_moe_quant(pl_module, ranks=ranks, block_size=self.block_size, init=self.init)
+        apply_moe_quant(pl_module, ranks=ranks, block_size=self.block_size, init=self.init, act_quant=self.act_quant)
         self.report = {"loads": {k: v.tolist() for k, v in loads.items()}, "ranks": ranks,
                        "weighted_residual": load_weighted_residual(spectra, loads, ranks),
                        "trainable_params": sum(e.trainable_parameters() for e in moe_experts(pl_module).values())}

@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING
 from lit_lowrank._lazy import lazy_exports
 
 if TYPE_CHECKING:  # static analysers and IDEs see the real names
-    from lit_lowrank.quant.linear import QuantizedLinear, buffer_bytes, model_bits, quantized_layers
+    from lit_lowrank.quant.linear import QuantizedLinear, buffer_bytes, model_bits, quantized_layers, set_decode_cache
     from lit_lowrank.quant.moe import MXFP4Experts, apply_moe_quant, fp_reference
     from lit_lowrank.quant.moe_routing import RouteController
     from lit_lowrank.quant.mxfp4 import MXFP4Linear
+    from lit_lowrank.quant.pretrained import load_quantized
     from lit_lowrank.quant.ptq import PostTrainingQuantizer, collect_hessians, default_forward, select_linears
     from lit_lowrank.quant.sphquant import SPHLinear, SPHQuantizer, learn_codebook, quantize_sph, rebuild_sph_layers
     from lit_lowrank.quant.uniform import UniformQuantizer, UniformQuantLinear, quantize_uniform, rebuild_uniform_layers
@@ -21,6 +22,8 @@ _EXPORTS = {
     'buffer_bytes': 'lit_lowrank.quant.linear',
     'model_bits': 'lit_lowrank.quant.linear',
     'quantized_layers': 'lit_lowrank.quant.linear',
+    'set_decode_cache': 'lit_lowrank.quant.linear',
+    'load_quantized': 'lit_lowrank.quant.pretrained',
     'MXFP4Experts': 'lit_lowrank.quant.moe',
     'apply_moe_quant': 'lit_lowrank.quant.moe',
     'fp_reference': 'lit_lowrank.quant.moe',
@@ -42,7 +45,7 @@ _EXPORTS = {
 }
 
 __all__ = [
-    "QuantizedLinear", "buffer_bytes", "model_bits", "quantized_layers",
+    "QuantizedLinear", "buffer_bytes", "model_bits", "quantized_layers", "set_decode_cache", "load_quantized",
     "MXFP4Experts", "MXFP4Linear", "RouteController", "apply_moe_quant", "fp_reference",
     "PostTrainingQuantizer", "collect_hessians", "default_forward", "select_linears",
     "SPHLinear", "SPHQuantizer", "learn_codebook", "quantize_sph", "rebuild_sph_layers",

@@ -1,8 +1,11 @@
 """The quantized-linear wrapper every weight quantizer shares, and model-level bits accounting.
 
-A :class:`QuantizedLinear` stores only a packed format in buffers (no float weight) and
-multiplies by decoding it one tile of output rows at a time, so the dense weight is never
-materialised (peak extra memory: one ``tile_rows x in_features`` tile). A subclass says how
+A :class:`QuantizedLinear` stores only a packed format in buffers (no float weight). On the CPU
+it multiplies with its weight decoded once and cached (``cache_decoded=True``, the default: dense
+speed after the first call, the dense weight's memory), or, with the cache off
+(:func:`set_decode_cache`), by decoding one tile of output rows at a time on every call, so the
+dense weight is never materialised (peak extra memory: one ``tile_rows x in_features`` tile).
+GPU subclasses route to a fused kernel that decodes from the packed stream. A subclass says how
 to decode rows (:meth:`QuantizedLinear.decode_rows`), what its exact storage is
 (:meth:`QuantizedLinear.storage`) and, optionally, how inputs are transformed first
 (:meth:`QuantizedLinear.prepare_input`, e.g. a Hadamard rotation). The state dict holds the
@@ -46,11 +49,17 @@ class QuantizedLinear(nn.Module):
             def storage(self): ...                        # BitsBreakdown
     """
 
+    #: Weight-side shared buffers that transformers' ``save_pretrained`` may store once (see
+    #: :mod:`lit_lowrank.quant.pretrained`); a subclass sharing a codebook names it here.
+    _tied_weights_keys: dict[str, str] | None = None
+
     def __init__(self, in_features: int, out_features: int, bias: Tensor | None = None,
-                 tile_rows: int | None = None) -> None:
+                 tile_rows: int | None = None, cache_decoded: bool = True) -> None:
         super().__init__()
         self.in_features, self.out_features = int(in_features), int(out_features)
         self.tile_rows = int(tile_rows or max(1, TILE_WEIGHTS // self.in_features))
+        self.cache_decoded = bool(cache_decoded)
+        self._decoded: tuple[Any, Tensor] | None = None  # (buffer versions, dense weight): not a buffer, never saved
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
 
     def decode_rows(self, start: int, stop: int) -> Tensor:
@@ -74,8 +83,32 @@ class QuantizedLinear(nn.Module):
         return torch.cat([self.decode_rows(s, min(s + self.tile_rows, self.out_features))
                           for s in range(0, self.out_features, self.tile_rows)])
 
+    def _buffer_key(self) -> tuple[Any, ...]:
+        return tuple((name, b.data_ptr(), b._version, b.device) for name, b in self.named_buffers(recurse=False)
+                     if b is not None and name != "bias")
+
+    def decoded_weight(self) -> Tensor:
+        """The dense weight, decoded once and kept until a format buffer changes (``load_state_dict``,
+        ``.to()``): the CPU product's cache when ``cache_decoded`` (costs the dense float32 weight's memory)."""
+        key = self._buffer_key()
+        cached = self._decoded
+        stale = cached is None or cached[0] != key or (torch.is_inference(cached[1])
+                                                       and not torch.is_inference_mode_enabled())
+        if stale:
+            with torch.no_grad():
+                cached = (key, self.dequantize())
+            self._decoded = cached
+        return cached[1]  # type: ignore[index]
+
+    def clear_decoded(self) -> None:
+        """Drop the decoded-weight cache (the memory returns to the packed size)."""
+        self._decoded = None
+
     def matmul_reference(self, x: Tensor) -> Tensor:
-        """``x (M, in) @ W^T`` decoding ``tile_rows`` rows at a time (the CPU reference kernel)."""
+        """``x (M, in) @ W^T`` on the CPU: with the decoded weight cached once (``cache_decoded``, the
+        default), else decoding ``tile_rows`` rows at a time on every call (peak extra memory one tile)."""
+        if self.cache_decoded:
+            return x @ self.decoded_weight().to(x.dtype).T
         out = x.new_empty(x.shape[0], self.out_features)
         for start in range(0, self.out_features, self.tile_rows):
             stop = min(start + self.tile_rows, self.out_features)
@@ -101,6 +134,22 @@ class QuantizedLinear(nn.Module):
         s = self.storage()
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, bits_per_weight={s.bits_per_weight:.4g}")
+
+
+def set_decode_cache(model: nn.Module, enabled: bool) -> int:
+    """Turn the CPU decoded-weight cache of every quantized layer on or off (off also frees it);
+    returns the number of layers.
+
+    .. code-block:: python
+
+        set_decode_cache(model, False)     # packed-size memory, every CPU forward decodes its tiles
+    """
+    layers = quantized_layers(model)
+    for layer in layers.values():
+        layer.cache_decoded = bool(enabled)
+        if not enabled:
+            layer.clear_decoded()
+    return len(layers)
 
 
 def quantized_layers(model: nn.Module) -> dict[str, QuantizedLinear]:

@@ -41,6 +41,7 @@ from torch import Tensor, nn
 from lit_lowrank.core.surgery import is_replaced, mark_replaced, record_surgery
 from lit_lowrank.core.temporary import temporarily_set
 from lit_lowrank.ops.lowrank import low_rank_factors, singular_values
+from lit_lowrank.ops.mx_extras import fp8_act_fake_quant, mxfp8_quantize
 from lit_lowrank.ops.mxfp4 import MX_BLOCK, mxfp4_bits, mxfp4_fake_quant, mxfp4_quantize
 from lit_lowrank.ops.quantization import BitsBreakdown
 from lit_lowrank.ops.rank_allocation import allocate_ranks, uniform_ranks, weighted_residual_energy
@@ -73,14 +74,20 @@ class MXFP4Experts(nn.Module):
             ``B A = R V Vᵀ`` with ``V`` random orthonormal: a control with the same ranks and storage, no
             spectral selection).
         seed: random source of ``init="random"``.
+        act_quant: W4A8 serving: FP8 E4M3 per-token fake quantization of both expert GEMMs' inputs (the
+            routed hidden states and the ``act(gate) * up`` intermediate; straight-through gradient).
+            Needs the Qwen3-MoE / Mixtral / OLMoE expert layout (``gate_up_proj``, ``down_proj``, ``act_fn``).
+        fp8_experts: ``[[experts of gate_up_proj], [experts of down_proj]]`` kept in MXFP8 (8.25
+            bits/weight) instead of MXFP4: the mixed-precision baseline at equal bits.
 
     .. code-block:: python
 
-        block.experts = MXFP4Experts(block.experts, ranks=[[4] * 8, [2] * 8])
+        block.experts = MXFP4Experts(block.experts, ranks=[[4] * 8, [2] * 8], act_quant=True)
     """
 
     def __init__(self, base: nn.Module, ranks: list[list[int]] | None = None, block_size: int = MX_BLOCK,
-                 init: str = "svd", seed: int = 0) -> None:
+                 init: str = "svd", seed: int = 0, act_quant: bool = False,
+                 fp8_experts: list[list[int]] | None = None) -> None:
         super().__init__()
         if init not in INITS:
             raise ValueError(f"`init`={init!r}: expected one of {INITS}.")
@@ -95,6 +102,15 @@ class MXFP4Experts(nn.Module):
         self.ranks = [[int(r) for r in rs] for rs in ranks]
         self._q_cache: dict[str, tuple[Any, Tensor]] = {}
         self.enabled = True  # False: full-precision weights, no compensator (the replay teacher pass)
+        self.act_quant = bool(act_quant)
+        if self.act_quant and not all(hasattr(base, a) for a in ("act_fn", *PROJECTIONS)):
+            raise ValueError(f"act_quant=True runs the experts' loop itself and needs `act_fn`, {PROJECTIONS} on "
+                             f"{type(base).__name__} (the Qwen3-MoE / Mixtral / OLMoE layout).")
+        self.fp8_experts = [sorted({int(e) for e in es}) for es in (fp8_experts or [[] for _ in PROJECTIONS])]
+        if len(self.fp8_experts) != len(PROJECTIONS) or any(
+                not 0 <= e < self.num_experts for es in self.fp8_experts for e in es):
+            raise ValueError(f"`fp8_experts` must be {len(PROJECTIONS)} lists of expert indices in "
+                             f"[0, {self.num_experts}), got {fp8_experts!r}.")
         for p in base.parameters():
             p.requires_grad_(False)
         for proj, rs in zip(PROJECTIONS, self.ranks):
@@ -112,7 +128,7 @@ class MXFP4Experts(nn.Module):
             a = torch.zeros(e, r_max, in_f)
             b = torch.zeros(e, out_f, r_max)
             if init != "zeros":
-                residual = (w.detach().float() - mxfp4_quantize(w.detach().float(), self.block_size))
+                residual = (w.detach().float() - self._rtn(proj, w.detach().float()))
                 for i, r in enumerate(rs):
                     if r > 0 and init == "svd":
                         bi, ai = low_rank_factors(residual[i], r)  # residual ≈ bi (out, r) @ ai (r, in)
@@ -140,6 +156,26 @@ class MXFP4Experts(nn.Module):
             self.ranks[j] = [int(r) for r in mask.sum(-1).round().long()]
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
+    def _rtn(self, proj: str, w: Tensor) -> Tensor:
+        """Round-to-nearest of ``w (E, out, in)``: MXFP4, MXFP8 for the experts in ``fp8_experts``."""
+        q = mxfp4_quantize(w, self.block_size)
+        high = self.fp8_experts[PROJECTIONS.index(proj)]
+        if high:
+            q = q.clone()
+            q[high] = mxfp8_quantize(w[high], self.block_size)
+        return q
+
+    def set_quantized(self, proj: str, values: Tensor) -> None:
+        """Serve ``values`` (already on the MXFP4 grid, e.g. :func:`~lit_lowrank.ops.mx_extras.gptq_mxfp4`'s
+        output) as ``Q(W)`` of ``proj`` instead of round-to-nearest (a persistent buffer ``quantized_<proj>``)."""
+        w = getattr(self.base, proj)
+        if values.shape != w.shape:
+            raise ValueError(f"set_quantized({proj!r}): values have shape {tuple(values.shape)}, expected "
+                             f"{tuple(w.shape)}.")
+        if not torch.equal(mxfp4_quantize(values.float(), self.block_size), values.float()):
+            raise ValueError(f"set_quantized({proj!r}): values are not on the MXFP4 grid (RTN-MXFP4 changes them).")
+        self.register_buffer(f"quantized_{proj}", values.detach().to(w.dtype).clone())
+
     def quantized_weight(self, proj: str) -> Tensor:
         """``Q(W)`` of one projection (straight-through gradient if the base weight is unfrozen).
 
@@ -147,13 +183,18 @@ class MXFP4Experts(nn.Module):
         storage or in-place version, e.g. after ``load_state_dict``): encoding every forward would
         cost more than the tiny models' expert products.
         """
+        fixed = getattr(self, f"quantized_{proj}", None)
+        if fixed is not None:
+            return fixed
         w = getattr(self.base, proj)
         if w.requires_grad:
+            if any(self.fp8_experts):
+                raise ValueError("train_experts with fp8_experts is not supported (the STE covers MXFP4 only).")
             return mxfp4_fake_quant(w, self.block_size)
         key = (w.data_ptr(), w._version, w.dtype, w.device)
         cached = self._q_cache.get(proj)
         if cached is None or cached[0] != key:
-            cached = (key, mxfp4_quantize(w.detach(), self.block_size))
+            cached = (key, self._rtn(proj, w.detach()))
             self._q_cache[proj] = cached
         return cached[1]
 
@@ -170,6 +211,8 @@ class MXFP4Experts(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Tensor:
         weights = {proj: self.effective_weight(proj) for proj in PROJECTIONS}
+        if self.act_quant and self.enabled:
+            return a8_experts(self.base, weights, *args, **kwargs)
         return torch.func.functional_call(self.base, weights, args, kwargs)
 
     def trainable_parameters(self) -> int:
@@ -190,15 +233,33 @@ class MXFP4Experts(nn.Module):
             experts.storage().bits_per_weight        # 4.25 + 16 * Σ r_e (out + in) / #weights
         """
         total = BitsBreakdown(0, 0, 0)
-        for proj in PROJECTIONS:
+        for proj, high in zip(PROJECTIONS, self.fp8_experts):
             e, out_f, in_f = getattr(self.base, proj).shape
             total = total + mxfp4_bits(e * out_f, in_f, self.block_size)
+            # an MXFP8 expert stores 8-bit instead of 4-bit elements (same E8M0 scales)
+            total = total + BitsBreakdown(0, len(high) * out_f * in_f * (8 - 4), 0)
         if compensator_bits is None:
             return total
         return total + BitsBreakdown(0, self.trainable_parameters() * int(compensator_bits), 0)
 
     def extra_repr(self) -> str:
-        return f"experts={self.num_experts}, block_size={self.block_size}, ranks={self.ranks}"
+        return (f"experts={self.num_experts}, block_size={self.block_size}, ranks={self.ranks}, "
+                f"act_quant={self.act_quant}, fp8_experts={self.fp8_experts}")
+
+
+def a8_experts(base: nn.Module, weights: dict[str, Tensor], hidden_states: Tensor, top_k_index: Tensor,
+               top_k_weights: Tensor) -> Tensor:
+    """The sparse experts' loop (transformers' Qwen3-MoE / Mixtral / OLMoE layout) with ``weights`` and FP8
+    per-token activations at both GEMM inputs: ``sum_k w_k down_e(A8(act(gate) * up)), [gate, up] = gate_up_e(A8(x))``."""
+    out = torch.zeros_like(hidden_states)
+    x8 = fp8_act_fake_quant(hidden_states)
+    gate_up, down = weights["gate_up_proj"], weights["down_proj"]
+    for e in torch.unique(top_k_index).tolist():
+        token, slot = torch.where(top_k_index == e)
+        gate, up = nn.functional.linear(x8[token], gate_up[e]).chunk(2, dim=-1)
+        y = nn.functional.linear(fp8_act_fake_quant(base.act_fn(gate) * up), down[e])
+        out.index_add_(0, token, (y * top_k_weights[token, slot, None]).to(out.dtype))
+    return out
 
 
 def moe_experts(model: nn.Module) -> dict[str, MXFP4Experts]:
@@ -207,7 +268,8 @@ def moe_experts(model: nn.Module) -> dict[str, MXFP4Experts]:
 
 
 def apply_moe_quant(model: nn.Module, ranks: dict[str, list[list[int]]] | None = None,
-                    block_size: int = MX_BLOCK, init: str = "svd", seed: int = 0) -> nn.Module:
+                    block_size: int = MX_BLOCK, init: str = "svd", seed: int = 0, act_quant: bool = False,
+                    fp8_experts: dict[str, list[list[int]]] | None = None) -> nn.Module:
     """Replace every MoE block's experts with :class:`MXFP4Experts` (idempotent; recorded for reload).
 
     Args:
@@ -217,10 +279,12 @@ def apply_moe_quant(model: nn.Module, ranks: dict[str, list[list[int]]] | None =
         block_size: MX block size.
         init: compensator initialisation (``"svd"``, ``"zeros"`` or ``"random"``, see :class:`MXFP4Experts`).
         seed: random source of ``init="random"``.
+        act_quant: W4A8: FP8 per-token activations at the expert GEMMs (see :class:`MXFP4Experts`).
+        fp8_experts: ``block name -> [[gate_up experts], [down experts]]`` kept in MXFP8.
 
     .. code-block:: python
 
-        apply_moe_quant(model, ranks={"model.layers.0.mlp": [[4] * 8, [4] * 8]})
+        apply_moe_quant(model, ranks={"model.layers.0.mlp": [[4] * 8, [4] * 8]}, act_quant=True)
     """
     ranks = ranks or {}
     blocks = find_moe_blocks(model)
@@ -231,9 +295,13 @@ def apply_moe_quant(model: nn.Module, ranks: dict[str, list[list[int]]] | None =
     for name, block in blocks:
         if isinstance(block.experts, MXFP4Experts) or is_replaced(block.experts):
             continue
-        block.experts = mark_replaced(MXFP4Experts(block.experts, ranks.get(name), block_size, init, seed), METHOD)
+        block.experts = mark_replaced(MXFP4Experts(block.experts, ranks.get(name), block_size, init, seed, act_quant,
+                                                   (fp8_experts or {}).get(name)), METHOD)
     record_surgery(model, METHOD, apply_moe_quant, {"ranks": {k: [list(r) for r in v] for k, v in ranks.items()},
-                                                    "block_size": block_size, "init": init, "seed": seed})
+                                                    "block_size": block_size, "init": init, "seed": seed,
+                                                    "act_quant": act_quant,
+                                                    "fp8_experts": {k: [list(e) for e in v]
+                                                                    for k, v in (fp8_experts or {}).items()}})
     return model
 
 

@@ -44,7 +44,9 @@ from lit_lowrank.ops.sphquant import (
     sph_quantize,
     sph_unpack_rows,
 )
+from lit_lowrank.ops.sphquant_feedback import sph_feedback_sweep
 from lit_lowrank.quant.linear import QuantizedLinear, model_bits
+from lit_lowrank.quant.pretrained import record_in_config
 from lit_lowrank.quant.ptq import ForwardFn, PostTrainingQuantizer, collect_hessians, default_forward, select_linears
 
 METHOD = "sphquant"
@@ -61,11 +63,18 @@ class SPHLinear(QuantizedLinear):
     inputs of at most ``MAX_ROWS`` (8) rows when Triton is installed (``use_kernel=True``),
     else the torch reference that decodes ``tile_rows`` output rows at a time.
 
+    The model-wide codebook is one tensor shared by every layer; ``save_pretrained`` stores it once
+    (``_tied_weights_keys``), and :func:`~lit_lowrank.quant.pretrained.load_quantized` rebuilds the
+    sharing before loading.
+
     .. code-block:: python
 
         layer = SPHLinear.from_codes(sph_quantize(linear.weight, codebook, 4, 128), codebook, linear.bias)
         torch.testing.assert_close(layer(x), x @ layer.dequantize().T + linear.bias)
     """
+
+    # transformers' save_pretrained keeps one copy of buffers shared under these names
+    _tied_weights_keys = {"codebook": "codebook"}
 
     def __init__(self, in_features: int, out_features: int, codebook_size: int, radius_bits: int, group_size: int,
                  bias: Tensor | None = None, codebook: Tensor | None = None, use_kernel: bool = True) -> None:
@@ -180,6 +189,8 @@ def quantize_sph(
     rows_per_layer: int = 128,
     codebook: Tensor | None = None,
     seed: int = 0,
+    feedback: bool | None = None,
+    damp: float = 0.01,
 ) -> dict[str, Any]:
     """Quantize the Linear layers of ``model`` with SPHQuant, in place (the functional form).
 
@@ -203,6 +214,11 @@ def quantize_sph(
             (``finetune_rounds=0`` keeps the k-means codebook).
         codebook: use this fp16/float ``(K, 8)`` codebook instead of learning one.
         seed: k-means and row-sampling seed.
+        feedback: GPTQ/LDLQ-style block error feedback with each layer's calibration Hessian
+            (:func:`~lit_lowrank.ops.sphquant_feedback.sph_quantize_feedback`): ``None`` (default)
+            turns it on exactly when ``hessians`` or ``calibration`` are given; ``True`` without
+            them raises. Layers reading one input (q/k/v, gate/up) share one sweep.
+        damp: the feedback's Hessian damping (fraction of the mean diagonal).
 
     Returns:
         ``{"quantized_layers", "bits_per_weight", "bits_per_weight_with_shared",
@@ -220,10 +236,16 @@ def quantize_sph(
     bad = [f"{n} (in_features={m.in_features})" for n, m in layers.items() if m.in_features % SPH_DIM]
     if bad:
         raise ValueError(f"SPHQuant needs in_features divisible by {SPH_DIM}; exclude or re-target: {bad[:4]}.")
-    if loss == "hessian" and hessians is None:
+    if feedback is None:
+        feedback = hessians is not None or calibration is not None
+    if (loss == "hessian" or feedback) and hessians is None:
         if calibration is None:
-            raise ValueError("loss='hessian' needs `hessians` or `calibration` batches.")
+            raise ValueError(f"loss={loss!r}, feedback={feedback}: Hessian-weighted fine-tuning and error feedback "
+                             "need `hessians` or `calibration` batches (or feedback=False, loss='reconstruction').")
         hessians = collect_hessians(model, layers, calibration, forward)
+    missing = [n for n in layers if hessians is not None and n not in hessians]
+    if (loss == "hessian" or feedback) and missing:
+        raise ValueError(f"`hessians` has no entry for layers {missing[:4]}; expected one (in, in) matrix per layer.")
     weights = [m.weight.detach().float() for m in layers.values()]
     history: list[float] = []
     all_codes: list[SPHCodes] | None = None
@@ -235,6 +257,8 @@ def quantize_sph(
     if codebook.shape != (codebook_size, SPH_DIM):
         raise ValueError(f"`codebook` must be ({codebook_size}, {SPH_DIM}), got {tuple(codebook.shape)}.")
     shared = codebook.detach().half().to(weights[0].device)
+    if feedback:  # the fine-tuning's codes were rounded without feedback: quantize again, with it
+        all_codes = feedback_codes(layers, hessians, shared.float(), radius_bits, group_size, damp)  # type: ignore[arg-type]
     err_num = err_den = 0.0
     for i, ((name, linear), w) in enumerate(zip(layers.items(), weights)):
         # codes always come from the fp16 codebook the layer stores, so the decode matches exactly
@@ -245,10 +269,44 @@ def quantize_sph(
         replace_module(model, name, mark_replaced(layer, METHOD))
     record_surgery(model, METHOD, rebuild_sph_layers, {"layers": list(layers), "codebook_size": codebook_size,
                                                          "radius_bits": radius_bits, "group_size": group_size})
+    record_in_config(model)
     bits = model_bits(model)
     return {"quantized_layers": len(layers), "bits_per_weight": bits.bits_per_weight,
             "bits_per_weight_with_shared": bits.bits_per_weight_with_shared,
-            "relative_error": err_num / max(err_den, 1e-30), "objective_history": history}
+            "relative_error": err_num / max(err_den, 1e-30), "objective_history": history,
+            "feedback": bool(feedback)}
+
+
+def feedback_codes(layers: dict[str, nn.Linear], hessians: dict[str, Tensor], codebook: Tensor, radius_bits: int,
+                   group_size: int, damp: float = 0.01) -> list[SPHCodes]:
+    """Codes of every layer with block error feedback, in ``layers``' order.
+
+    Layers reading one input (equal Hessians: q/k/v, gate/up) are stacked into one problem, and
+    problems of one shape share one batched sweep
+    (:func:`~lit_lowrank.ops.sphquant_feedback.sph_feedback_sweep`).
+    """
+    from lit_lowrank.quant.uniform import shared_input_groups
+
+    names = list(layers)
+    groups = shared_input_groups(names, {n: hessians[n] for n in names})
+    stacked = [torch.cat([layers[n].weight.detach().float() for n in group]) for group in groups]
+    by_shape: dict[tuple[int, ...], list[int]] = {}
+    for i, w in enumerate(stacked):
+        by_shape.setdefault(tuple(w.shape), []).append(i)
+    codes: dict[str, SPHCodes] = {}
+    for idx in by_shape.values():
+        results = sph_feedback_sweep(torch.stack([stacked[i] for i in idx]),
+                                     torch.stack([hessians[groups[i][0]].float() for i in idx]),
+                                     codebook, radius_bits, group_size, damp)
+        for i, result in zip(idx, results):
+            start = 0
+            for n in groups[i]:
+                rows = slice(start, start + layers[n].out_features)
+                start = rows.stop
+                codes[n] = SPHCodes(result.signs[rows], result.index[rows], result.radius_code[rows],
+                                    result.radius_min[rows], result.radius_step[rows], result.codebook_size,
+                                    result.radius_bits, result.group_size)
+    return [codes[n] for n in names]
 
 
 def rebuild_sph_layers(model: nn.Module, layers: list[str], codebook_size: int, radius_bits: int,
@@ -284,7 +342,10 @@ class SPHQuantizer(PostTrainingQuantizer):
         target, exclude: which Linear layers (default: all but ``lm_head``). For a
             vision-language model target the language backbone, e.g. ``r"language_model\\."``.
         loss: ``"reconstruction"`` (data-free) or ``"hessian"`` (needs ``calibration_batches``).
-        calibration_batches: training batches for the Hessians of ``loss="hessian"``.
+        calibration_batches: training batches for the calibration Hessians (``loss="hessian"`` and
+            the error feedback).
+        feedback: block error feedback (see :func:`quantize_sph`); ``None``: on exactly when
+            ``calibration_batches > 0``.
         finetune_rounds, finetune_steps: angular fine-tuning schedule.
         after_fit: also quantize at the end of ``fit``.
         seed: k-means / sampling seed.
@@ -300,18 +361,21 @@ class SPHQuantizer(PostTrainingQuantizer):
     def __init__(self, codebook_size: int = 256, radius_bits: int = 4, group_size: int = 128,
                  target: str | list[str] | None = None, exclude: list[str] | None = None,
                  loss: FinetuneLoss = "reconstruction", calibration_batches: int = 0, finetune_rounds: int = 2,
-                 finetune_steps: int = 50, after_fit: bool = False, seed: int = 0) -> None:
+                 finetune_steps: int = 50, after_fit: bool = False, seed: int = 0,
+                 feedback: bool | None = None) -> None:
         check_sph_format(codebook_size, radius_bits, group_size)
         if loss not in ("reconstruction", "hessian"):
             raise ValueError(f"`loss`={loss!r}, expected 'reconstruction' or 'hessian'.")
-        if loss == "hessian" and calibration_batches == 0:
-            raise ValueError("SPHQuantizer(loss='hessian') needs calibration_batches > 0.")
+        if (loss == "hessian" or feedback) and calibration_batches == 0:
+            raise ValueError(f"SPHQuantizer(loss={loss!r}, feedback={feedback}) needs calibration_batches > 0 for the "
+                             "calibration Hessians.")
         super().__init__(after_fit=after_fit, calibration_batches=calibration_batches)
         self.codebook_size, self.radius_bits, self.group_size = codebook_size, radius_bits, group_size
         self.target, self.exclude = target, tuple(exclude if exclude is not None else ("lm_head",))
         self.loss, self.finetune_rounds, self.finetune_steps, self.seed = loss, finetune_rounds, finetune_steps, seed
+        self.feedback = feedback
 
     def quantize(self, module: nn.Module, batches: Iterable[Any] | None) -> dict[str, Any]:
         return quantize_sph(module, self.codebook_size, self.radius_bits, self.group_size, self.target, self.exclude,
                             loss=self.loss, calibration=batches, finetune_rounds=self.finetune_rounds,
-                            finetune_steps=self.finetune_steps, seed=self.seed)
+                            finetune_steps=self.finetune_steps, seed=self.seed, feedback=self.feedback)

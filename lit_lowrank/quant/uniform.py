@@ -44,6 +44,7 @@ from lit_lowrank.ops.quantization import (
     unpack_items,
 )
 from lit_lowrank.quant.linear import QuantizedLinear, model_bits
+from lit_lowrank.quant.pretrained import record_in_config
 from lit_lowrank.quant.ptq import ForwardFn, PostTrainingQuantizer, collect_hessians, default_forward, select_linears
 
 UniformMethod = Literal["rtn", "gptq", "hadamard_rtn", "hadamard_gptq"]
@@ -264,6 +265,7 @@ def quantize_uniform(
     record_surgery(model, f"uniform_{method}", rebuild_uniform_layers,
                    {"layers": list(layers), "bits": bits, "group_size": group_size,
                     "rotate": method in ROTATED_METHODS})
+    record_in_config(model)
     bits_total = model_bits(model)
     return {"quantized_layers": len(layers), "bits_per_weight": bits_total.bits_per_weight,
             "bits_per_weight_with_shared": bits_total.bits_per_weight_with_shared,
