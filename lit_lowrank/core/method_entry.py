@@ -122,7 +122,7 @@ def method_config(trainer: "pl.Trainer", pl_module: "pl.LightningModule",
         if not is_method:
             continue
         entry = settings(callback)
-        name = by_class.get(cls.__name__) or own_name
+        name = getattr(callback, "method_entry_name", None) or by_class.get(cls.__name__) or own_name
         if cls.__name__ == "AdapterInjector":
             name = str(entry.get("method") or getattr(callback, "method", "lora"))
         if not name or name == "method" or name in found:  # two components of one method: the class tells them
