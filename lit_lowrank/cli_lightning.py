@@ -225,19 +225,20 @@ class LitLowRankCLI(LightningCLI):
             raise SystemExit(2) from None
 
     def _check_ckpt_path(self) -> None:
-        """A bad ``--ckpt_path`` (missing, a folder, empty, truncated) is one ``error:`` line naming the path."""
+        """A bad ``--ckpt_path`` (missing, a folder, empty, truncated, pickled code) is one ``error:`` line naming
+        the path."""
         import os
 
-        from lit_lowrank.core.safe_load import CorruptFileError, check_checkpoint_file
+        from lit_lowrank.core.safe_load import CorruptFileError, UnsafeFileError, load_weights_file
 
         subcommand = self.config.get("subcommand")
         path = (self.config.get(subcommand) or {}).get("ckpt_path") if subcommand else None
         if not path or path in ("last", "best", "hpc", "registry") or "://" in str(path) or \
                 str(path).startswith("registry:"):
             return
-        try:
-            check_checkpoint_file(path, param="ckpt_path")
-        except (FileNotFoundError, CorruptFileError) as err:
+        try:  # memory-mapped: complete, readable, and nothing but tensors and plain data (never unpickles code)
+            load_weights_file(path, param="ckpt_path", mmap=True)
+        except (FileNotFoundError, CorruptFileError, UnsafeFileError) as err:
             if os.environ.get(DEBUG_ENV):
                 raise
             _write_error(f"ckpt_path: {err}", "pass the path of a checkpoint written by Trainer.save_checkpoint")

@@ -97,7 +97,28 @@ def test_wandb_offline_run_has_metrics_and_config(repo_root, tmp_path, monkeypat
     assert "train/loss" in keys and "val/acc" in keys
 
 
-def _plain_stac_r_run(tmp_path, logger, max_steps: int = 4):
+class _ScalarAndFigure:
+    """Stands in for STAC-R's SSP: a scalar and a figure logged under one key (``method/twin/ssp``)."""
+
+    def __new__(cls):
+        from lit_lowrank.core import MethodCallback
+        from lit_lowrank.core.figures import log_figure, new_figure
+
+        class ScalarAndFigure(MethodCallback):
+            method_name = "twin"
+
+            def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+                self.log_method(pl_module, "ssp", 0.5, once=True)
+
+            def on_train_epoch_end(self, trainer, pl_module):
+                fig, ax = new_figure()
+                ax.plot([0, 1])
+                log_figure(trainer, "method/twin/ssp", fig)
+
+        return ScalarAndFigure()
+
+
+def _plain_stac_r_run(tmp_path, logger, steps: int = 4):
     """A plain-Python run (no CLI): a user's module, STAC-R and an AdapterInjector, the given logger."""
     import lightning.pytorch as pl
 
@@ -107,8 +128,9 @@ def _plain_stac_r_run(tmp_path, logger, max_steps: int = 4):
     from tests.methods.plain import PlainUserClassifier
 
     callbacks = [AdapterInjector(method="lora", target_modules=["head"], rank=2),
-                 STACR(rank=4, residual_density=0.05, bridge_every=2)]
-    trainer = pl.Trainer(max_steps=max_steps, logger=logger, callbacks=callbacks, enable_checkpointing=False,
+                 STACR(rank=4, residual_density=0.05, bridge_every=2), _ScalarAndFigure()]
+    trainer = pl.Trainer(max_epochs=1, limit_train_batches=steps, logger=logger, callbacks=callbacks,
+                         enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
                          log_every_n_steps=1, accelerator="cpu", devices=1, default_root_dir=tmp_path)
     trainer.fit(PlainUserClassifier(), datamodule=DigitsDataModule(batch_size=32))
@@ -117,7 +139,7 @@ def _plain_stac_r_run(tmp_path, logger, max_steps: int = 4):
 
 def test_plain_python_wandb_run_has_the_method_entry_and_distinct_image_keys(tmp_path, monkeypatch):
     """Issue #40 findings 2 and 3: a plain-Python WandbLogger run records which methods ran (and nothing else);
-    STAC-R's SSP figure does not share its key with the SSP scalar; one-off measurements are logged once."""
+    a figure does not share its key with a scalar (as STAC-R's SSP value and figure); `once` logs once."""
     import json
 
     from lightning.pytorch.loggers import WandbLogger
@@ -129,11 +151,14 @@ def test_plain_python_wandb_run_has_the_method_entry_and_distinct_image_keys(tmp
     [run] = list(tmp_path.rglob("offline-run-*/run-*.wandb"))
     config, history = _read_offline_run(run)
     methods = json.loads(config["method"])
-    assert sorted(methods) == ["lora", "stac_r"], methods
+    assert sorted(methods) == ["lora", "stac_r", "twin"], methods
     assert methods["stac_r"]["rank"] == 4 and methods["lora"]["rank"] == 2
-    scalar_keys = {k for row in history for k, v in row.items() if not v.startswith("{")}
-    image_keys = {k for row in history for k, v in row.items() if '"_type": "images/separated"' in v}
-    assert "method/stac_r/ssp" in scalar_keys and "method/stac_r/ssp_figure" in image_keys, image_keys
+    # an image is stored as nested keys <key>/_type = "images/separated", <key>/width, ...
+    image_keys = {k[:-len("/_type")] for row in history for k, v in row.items() if k.endswith("/_type") and "image" in v}
+    scalar_keys = {k for row in history for k in row if not any(k.startswith(i + "/") for i in image_keys)}
+    assert "method/stac_r/ssp" in scalar_keys and "method/twin/ssp" in scalar_keys, sorted(scalar_keys)
+    assert "method/twin/ssp_figure" in image_keys, sorted(image_keys)
+    assert [row["method/twin/ssp"] for row in history if "method/twin/ssp" in row] == ["0.5"]  # once
     assert not scalar_keys & image_keys
 
 

@@ -531,11 +531,14 @@ class AdapterInjector(pl.Callback):
         save_surgery(pl_module, checkpoint)
 
 
-# the save / load half lives in portable.py; its public names stay importable from here
-from lit_lowrank.adapters.portable import (  # noqa: E402
-    load_adapters,
-    load_peft_model,
-    read_variant_info,
-    save_adapters,
-    write_variant_info,
-)
+# the save / load half lives in portable.py; its public names stay importable from here (lazily: portable imports
+# this module)
+_PORTABLE = ("load_adapters", "load_peft_model", "read_variant_info", "save_adapters", "write_variant_info")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PORTABLE:
+        from lit_lowrank.adapters import portable
+
+        return getattr(portable, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

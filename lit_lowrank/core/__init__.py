@@ -12,7 +12,6 @@ from lit_lowrank._lazy import lazy_exports
 
 if TYPE_CHECKING:  # static analysers and IDEs see the real names
     from lit_lowrank.core.figures import log_figure
-    from lit_lowrank.core.method_entry import log_method_entry, method_config
     from lit_lowrank.core.logging import log_method, method_key
     from lit_lowrank.core.loss_hooks import (
         OUTPUT_KEYS,
@@ -22,6 +21,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
         method_callbacks,
         require_outputs,
     )
+    from lit_lowrank.core.method_entry import log_method_entry, method_config
     from lit_lowrank.core.registry import (
         MethodSpec,
         all_methods,

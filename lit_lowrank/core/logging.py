@@ -35,14 +35,16 @@ def _keys(trainer: Any, attr: str) -> set[str]:
 
 
 def log_method(pl_module: "pl.LightningModule", method: str, name: str, value: Any, *, once: bool = False,
-               **kwargs: Any) -> None:
+               at_step: bool = False, **kwargs: Any) -> None:
     """Log ``value`` through the module's logger API under ``method/<method>/<name>``.
 
     Outside a trainer (plain PyTorch use) this is a no-op. ``once=True``: a one-off measurement (a calibration
     result, a measured peak) is written to the loggers the first time only, at the step it was measured, and
     never re-emitted (a value logged through ``self.log`` reappears at every later logging step); later calls with
-    the same key and trainer are ignored. It also lands in ``trainer.callback_metrics``. Other keyword arguments go
-    to ``LightningModule.log`` (``on_step``, ``on_epoch``, ``sync_dist``...).
+    the same key and trainer are ignored. ``at_step=True``: a measurement repeated at its own steps (a gradient
+    cosine every ``bridge_every`` steps) is written straight to the loggers at each call, never re-emitted in
+    between. Both land in ``trainer.callback_metrics`` too. Other keyword arguments go to ``LightningModule.log``
+    (``on_step``, ``on_epoch``, ``sync_dist``...).
 
     .. code-block:: python
 
@@ -57,6 +59,9 @@ def log_method(pl_module: "pl.LightningModule", method: str, name: str, value: A
         if key not in done:
             done.add(key)
             _log_now(trainer, key, value)
+        return
+    if at_step:
+        _log_now(trainer, key, value)
         return
     scalars = _keys(trainer, SCALAR_KEYS_ATTR)
     if key not in scalars:

@@ -62,6 +62,28 @@ def _plain(value: Any) -> Any:
     return repr(value) if not callable(value) else getattr(value, "__name__", repr(value))
 
 
+def _constructor_settings(obj: Any) -> dict[str, Any]:
+    """The values of ``obj``'s constructor arguments, read back from its attributes (or from a dict attribute
+    holding them, e.g. STAC-R's ``surgery``); its public plain attributes when none is found."""
+    import inspect
+
+    try:
+        params = [p.name for p in inspect.signature(type(obj).__init__).parameters.values()
+                  if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    attrs = vars(obj)
+    found = {p: attrs[p] for p in params if p in attrs}
+    for value in attrs.values():
+        if isinstance(value, dict):
+            found.update({p: value[p] for p in params if p in value and p not in found})
+    if found:
+        return found
+    return {k: v for k, v in attrs.items()
+            if not k.startswith("_") and isinstance(v, (bool, int, float, str, list, tuple, dict, type(None)))
+            and len(repr(v)) < 2000}
+
+
 def _snake(name: str) -> str:
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
 
@@ -87,10 +109,7 @@ def method_config(trainer: "pl.Trainer", pl_module: "pl.LightningModule",
         args = _init_args(config, type(obj)) if config is not None else None
         if args is None:
             hparams = getattr(obj, "hparams", None)
-            args = dict(hparams) if hparams else {
-                k: v for k, v in vars(obj).items()
-                if not k.startswith("_") and isinstance(v, (bool, int, float, str, list, tuple, dict, type(None)))
-                and len(repr(v)) < 2000}
+            args = dict(hparams) if hparams else _constructor_settings(obj)
         return {"class": f"{type(obj).__module__}.{type(obj).__name__}", **_plain(args)}
 
     for callback in getattr(trainer, "callbacks", []):
@@ -103,7 +122,7 @@ def method_config(trainer: "pl.Trainer", pl_module: "pl.LightningModule",
         if not is_method:
             continue
         entry = settings(callback)
-        name = by_class.get(cls.__name__) or own_name
+        name = getattr(callback, "method_entry_name", None) or by_class.get(cls.__name__) or own_name
         if cls.__name__ == "AdapterInjector":
             name = str(entry.get("method") or getattr(callback, "method", "lora"))
         if not name or name == "method" or name in found:  # two components of one method: the class tells them

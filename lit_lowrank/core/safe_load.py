@@ -72,13 +72,14 @@ def check_checkpoint_file(path: str | Path, *, param: str) -> Path:
     return path
 
 
-def load_weights_file(path: str | Path, *, param: str, map_location: Any = "cpu") -> Any:
+def load_weights_file(path: str | Path, *, param: str, map_location: Any = "cpu", mmap: bool = False) -> Any:
     """The tensors (and plain containers) stored in ``path``, never executing code from it.
 
     Args:
         path: a ``.safetensors`` file, or a ``torch.save`` / Lightning checkpoint of tensors and plain data.
         param: the user-facing parameter name, for the error messages.
         map_location: as in ``torch.load``.
+        mmap: map the file instead of reading it (``torch.load(mmap=True)``): a cheap check of a large checkpoint.
 
     Raises:
         FileNotFoundError: ``path`` is not a file.
@@ -98,7 +99,10 @@ def load_weights_file(path: str | Path, *, param: str, map_location: Any = "cpu"
             raise CorruptFileError(f"`{param}`={str(path)!r} is not a readable safetensors file ({err}).") from err
     check_checkpoint_file(path, param=param)
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        import zipfile
+
+        # mmap needs the zip format; a legacy torch.save file is read whole
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap and zipfile.is_zipfile(path))
     except pickle.UnpicklingError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UnsafeFileError(

@@ -67,19 +67,21 @@ def _kineto_lines_dropped() -> Iterator[None]:
     Kineto prints from C++ (no Python logger or warning to filter), so the block's stderr goes to a temporary file
     and every other line is written back to stderr afterwards, in order.
     """
+    fd = 2  # Kineto writes to the process's stderr descriptor, whatever Python's sys.stderr is (pytest, notebooks)
     try:
-        fd = sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):  # a stderr without a file descriptor (captured, notebook)
-        yield
-        return
-    sys.stderr.flush()
+        sys.stderr.flush()
+    except (AttributeError, OSError, ValueError):
+        pass
     saved = os.dup(fd)
     with tempfile.TemporaryFile(mode="w+b") as capture:
         os.dup2(capture.fileno(), fd)
         try:
             yield
         finally:
-            sys.stderr.flush()
+            try:
+                sys.stderr.flush()
+            except (AttributeError, OSError, ValueError):
+                pass
             _flush_c_streams()  # Kineto's lines may still sit in the C library's buffer
             os.dup2(saved, fd)
             os.close(saved)

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import warnings
 
-import lightning.pytorch as pl
 import pytest
-import torch
 import torch.nn.functional as F
 
 from lit_lowrank.core import LossHookWarning, MethodCallback
-from tests.core.test_loss_hooks import AddConstant, UserModule, _fit, _loader
+from tests.core.test_loss_hooks import AddConstant, UserModule, _fit
 
 
 class ForgetfulModule(UserModule):

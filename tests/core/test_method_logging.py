@@ -97,3 +97,18 @@ def test_a_mixin_module_without_callbacks_gets_its_entry_from_apply_loss_hooks(t
     trainer.fit(PlainSpecDropClassifier(), datamodule=DigitsDataModule(batch_size=16, source="sklearn"))
     hparams = yaml.safe_load((tmp_path / "lightning_logs" / "version_0" / "hparams.yaml").read_text())
     assert list(hparams["method"]) == ["specdrop"]
+
+
+def test_at_step_logs_each_measurement_at_its_own_step_only(tmp_path):
+    class EveryOther(MethodCallback):
+        method_name = "bridge"
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step % 2 == 0:
+                self.log_method(pl_module, "cosine", float(trainer.global_step), at_step=True)
+
+    _fit(tmp_path, [EveryOther()], steps=5)
+    rows = (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    pairs = [(r.split(",")[header.index("step")], r.split(",")[header.index("method/bridge/cosine")]) for r in rows[1:]]
+    assert [(int(s), float(v)) for s, v in pairs if v] == [(2, 2.0), (4, 4.0)]

@@ -13,6 +13,7 @@ this file (``make test`` leaves it out: about five minutes on 2 cores).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
