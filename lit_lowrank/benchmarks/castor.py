@@ -67,7 +67,7 @@ from torch import nn
 from torch_geometric.data import Data
 
 from lit_lowrank.benchmarks._workers import map_jobs
-from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, competitor, paired, premise, statistic_claim
+from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, competitor, premise, statistic_claim
 from lit_lowrank.datamodules.csbm import contextual_sbm, edge_homophily, mixed_csbm, regime_sbm
 from lit_lowrank.datamodules.graphs import split_masks
 from lit_lowrank.models.castor import Castor
