@@ -8,7 +8,9 @@ macro transition, for the ``γ^steps`` macro discount); the gridworld adds the i
 
 Temporal abstraction is applied to collection: with ``k > 1`` every stored transition is one
 macro step of :class:`~lit_lowrank.datamodules.rl_envs.ActionRepeat` (same semantics, vectorised
-for the built-in environments). ExORL-style episodes (``.npz`` with ``observation``, ``action``,
+for the built-in environments): ``abstraction="repeat"`` holds the stored action ``k`` steps,
+``"options"`` takes it once and then ``k − 1`` fresh uniform actions (a fixed-length option whose
+averaged operator is ``P_πᵏ``). ExORL-style episodes (``.npz`` with ``observation``, ``action``,
 ``reward``, ``discount``) are turned into ``k``-step transitions ``(s_t, a_t, Σ r, s_{t+k})``:
 offline data collected without repeats gives fixed-length options "first action, then the
 behaviour policy" — the offline form of the abstraction.
@@ -31,7 +33,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lit_lowrank.datamodules.rl_envs import ActionRepeat, PointMass, SlipGridWorld, make_env
-from lit_lowrank.ops.fb import MACRO_REWARDS
+from lit_lowrank.ops.fb import ABSTRACTIONS, MACRO_REWARDS
 
 __all__ = ["ReplayDataModule", "TransitionDataset", "collect_transitions", "load_exorl"]
 
@@ -71,12 +73,14 @@ def _random_actions(env: Any, n: int, rng: np.random.Generator) -> np.ndarray:
 
 def collect_transitions(env: Any, num_transitions: int, k: int = 1, policy: str = "random",
                         macro_reward: str = "sum", gamma: float = 0.99, episode_length: int = 100,
-                        num_envs: int = 64, persistence: float = 0.75, seed: int = 0) -> dict[str, torch.Tensor]:
+                        num_envs: int = 64, persistence: float = 0.75, seed: int = 0,
+                        abstraction: str = "repeat") -> dict[str, torch.Tensor]:
     """Collect ``num_transitions`` macro transitions of length ``k`` with a reward-free behaviour policy.
 
     ``"random"``: uniform actions, a fresh one every macro step; ``"exploratory"``: the previous
     macro action is kept with probability ``persistence`` (a temporally correlated random walk
-    that covers the space further from its start). Episodes last ``episode_length`` macro steps
+    that covers the space further from its start). ``abstraction``: ``"repeat"`` holds the macro
+    action ``k`` steps, ``"options"`` follows it with ``k − 1`` uniform actions. Episodes last ``episode_length`` macro steps
     and start uniformly. Built-in environments are stepped ``num_envs`` at a time.
 
     .. code-block:: python
@@ -87,19 +91,21 @@ def collect_transitions(env: Any, num_transitions: int, k: int = 1, policy: str 
         raise ValueError(f"`policy`={policy!r}, expected one of {POLICIES}.")
     if macro_reward not in MACRO_REWARDS:
         raise ValueError(f"`macro_reward`={macro_reward!r}, expected one of {MACRO_REWARDS}.")
+    if abstraction not in ABSTRACTIONS:
+        raise ValueError(f"`abstraction`={abstraction!r}, expected one of {ABSTRACTIONS}.")
     if num_transitions < 1 or k < 1:
         raise ValueError(f"`num_transitions`={num_transitions} and `k`={k} must be >= 1.")
     rng = np.random.default_rng(seed)
     if isinstance(env, (SlipGridWorld, PointMass)):
         return _collect_vectorised(env, num_transitions, k, policy, macro_reward, gamma, episode_length,
-                                   num_envs, persistence, rng)
+                                   num_envs, persistence, rng, abstraction)
     return _collect_sequential(env, num_transitions, k, policy, macro_reward, gamma, episode_length, persistence,
-                               rng, seed)
+                               rng, seed, abstraction)
 
 
 def _collect_vectorised(env: Any, n_total: int, k: int, policy: str, macro_reward: str, gamma: float,
                         episode_length: int, num_envs: int, persistence: float,
-                        rng: np.random.Generator) -> dict[str, torch.Tensor]:
+                        rng: np.random.Generator, abstraction: str = "repeat") -> dict[str, torch.Tensor]:
     grid = isinstance(env, SlipGridWorld)
     weights = np.ones(k) if macro_reward == "sum" else gamma ** np.arange(k)
     out: dict[str, list] = {key: [] for key in ("state", "action", "next_state", "reward")}
@@ -117,7 +123,8 @@ def _collect_vectorised(env: Any, n_total: int, k: int, policy: str, macro_rewar
             actions = np.where(keep if grid else keep[:, None], actions, fresh)
         s, reward = states, np.zeros(num_envs, dtype=np.float32)
         for i in range(k):
-            s = env.step_batch(s, actions, rng)
+            held = actions if i == 0 or abstraction == "repeat" else _random_actions(env, num_envs, rng)
+            s = env.step_batch(s, held, rng)
             reward += weights[i] * env.reward_of(s)
         out["state"].append(states), out["action"].append(actions)
         out["next_state"].append(s), out["reward"].append(reward)
@@ -139,8 +146,10 @@ def _collect_vectorised(env: Any, n_total: int, k: int, policy: str, macro_rewar
 
 def _collect_sequential(env: Any, n_total: int, k: int, policy: str, macro_reward: str, gamma: float,
                         episode_length: int, persistence: float, rng: np.random.Generator,
-                        seed: int) -> dict[str, torch.Tensor]:
-    wrapped = ActionRepeat(env, k, gamma=gamma, reward=macro_reward)
+                        seed: int, abstraction: str = "repeat") -> dict[str, torch.Tensor]:
+    options = None if abstraction == "repeat" else (
+        lambda obs, option, i: option if i == 0 else _random_actions(env, 1, rng)[0])
+    wrapped = ActionRepeat(env, k, gamma=gamma, reward=macro_reward, option_policy=options)
     rows: dict[str, list] = {key: [] for key in ("obs", "action", "reward", "next_obs", "not_done", "steps")}
     obs, _ = wrapped.reset(seed=seed)
     action, t = _random_actions(env, 1, rng)[0], 0
@@ -220,6 +229,9 @@ class ReplayDataModule(pl.LightningDataModule):
             of zero-shot evaluation); ``None`` with ``path``: data only (no environment needed).
         env_kwargs: constructor arguments of the environment.
         k: temporal-abstraction length applied to collection / loading.
+        abstraction: ``"repeat"`` (the action held ``k`` steps) or ``"options"`` (the action, then
+            ``k − 1`` uniform actions) for collected data; loaded data are always options of the
+            behaviour policy.
         num_transitions: transitions to collect (ignored with ``path``).
         policy: ``"random"`` or ``"exploratory"`` behaviour policy.
         macro_reward: ``"sum"`` or ``"discounted"``.
@@ -239,10 +251,12 @@ class ReplayDataModule(pl.LightningDataModule):
     def __init__(self, env: str | None = "gridworld", env_kwargs: dict[str, Any] | None = None, k: int = 1,
                  num_transitions: int = 50_000, policy: str = "random", macro_reward: str = "sum",
                  gamma: float = 0.99, path: str | None = None, batch_size: int = 256, val_fraction: float = 0.05,
-                 episode_length: int = 100, seed: int = 0, num_workers: int = 0) -> None:
+                 episode_length: int = 100, seed: int = 0, num_workers: int = 0, abstraction: str = "repeat") -> None:
         super().__init__()
         if policy not in POLICIES:
             raise ValueError(f"`policy`={policy!r}, expected one of {POLICIES}.")
+        if abstraction not in ABSTRACTIONS:
+            raise ValueError(f"`abstraction`={abstraction!r}, expected one of {ABSTRACTIONS}.")
         if not 0.0 <= val_fraction < 1.0:
             raise ValueError(f"`val_fraction`={val_fraction}, expected in [0, 1).")
         if env is None and path is None:
@@ -277,7 +291,8 @@ class ReplayDataModule(pl.LightningDataModule):
         else:
             self.data = collect_transitions(self.env, h.num_transitions, k=h.k, policy=h.policy,
                                             macro_reward=h.macro_reward, gamma=h.gamma,
-                                            episode_length=h.episode_length, seed=h.seed)
+                                            episode_length=h.episode_length, seed=h.seed,
+                                            abstraction=h.abstraction)
         if self.env is not None and self.data["obs"].shape[1] != self.env.obs_dim:
             raise ValueError(f"ReplayDataModule: data observations have {self.data['obs'].shape[1]} dims, "
                              f"the environment {h.env!r} has obs_dim={self.env.obs_dim}.")

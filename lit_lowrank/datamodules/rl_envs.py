@@ -6,7 +6,8 @@ Every environment follows the gymnasium API (``reset(seed) -> (obs, info)``,
 ``[-1, 1]``), so the built-in ones need no gymnasium install:
 
 - :class:`SlipGridWorld`: a ``size × size`` grid, 4 moves, with probability ``slip`` the move is
-  replaced by a uniformly random one; walls keep the agent in place. Its exact transition
+  replaced by a uniformly random one, with probability ``stay`` the agent does not move (a lazy,
+  non-bipartite walk); walls keep the agent in place. Its exact transition
   tensor :meth:`~SlipGridWorld.transition_tensor` gives the true successor representation.
 - :class:`PointMass`: 2-D navigation in ``[-1, 1]²``, ``s' = clip(s + step_size·a + noise)``.
 - :class:`GymnasiumAdapter`: any gymnasium environment (continuous control; MuJoCo /
@@ -50,6 +51,10 @@ class SlipGridWorld:
     Args:
         size: grid side (``size²`` states, state id ``row·size + col``).
         slip: probability that the chosen move is replaced by a uniformly random one.
+        stay: probability that the agent stays where it is (after the slip). ``0`` gives the
+            classic grid, whose uniform walk is nearly bipartite (an eigenvalue near ``−1``, so
+            ``P²`` is not low-pass); ``stay ≥ 0.5`` makes every eigenvalue of the uniform walk
+            ``≥ 0`` (``P = stay·I + (1 − stay)·P₀``), so ``Pᵏ`` is a low-pass filter.
         obs: ``"onehot"`` (``size²`` dims) or ``"xy"`` (coordinates scaled to ``[-1, 1]``).
         reward_states: states whose entry gives reward 1 (empty: reward-free, as for FB data).
         terminal_states: entering one ends the episode (``terminated=True``).
@@ -58,7 +63,7 @@ class SlipGridWorld:
 
     .. code-block:: python
 
-        env = SlipGridWorld(size=10, slip=0.2)
+        env = SlipGridWorld(size=10, slip=0.2, stay=0.5)
         P = env.transition_tensor()           # (4, 100, 100) float64
     """
 
@@ -66,14 +71,16 @@ class SlipGridWorld:
 
     def __init__(self, size: int = 10, slip: float = 0.2, obs: str = "onehot", reward_states: Sequence[int] = (),
                  terminal_states: Sequence[int] = (), max_episode_steps: int = 100, start_state: int | None = None,
-                 ) -> None:
+                 stay: float = 0.0) -> None:
         if size < 2:
             raise ValueError(f"`size`={size}, expected >= 2.")
         if not 0.0 <= slip <= 1.0:
             raise ValueError(f"`slip`={slip}, expected in [0, 1].")
+        if not 0.0 <= stay < 1.0:
+            raise ValueError(f"`stay`={stay}, expected in [0, 1).")
         if obs not in ("onehot", "xy"):
             raise ValueError(f"`obs`={obs!r}, expected 'onehot' or 'xy'.")
-        self.size, self.slip, self.obs_mode = size, slip, obs
+        self.size, self.slip, self.stay, self.obs_mode = size, slip, stay, obs
         self.num_states, self.num_actions = size * size, 4
         self.obs_dim = self.num_states if obs == "onehot" else 2
         self.reward_states = set(int(s) for s in reward_states)
@@ -95,6 +102,7 @@ class SlipGridWorld:
             for b in range(A):
                 prob = (1 - self.slip) * (a == b) + self.slip / A
                 np.add.at(P[a], (np.arange(S), self._next[:, b]), prob)
+        P = (1.0 - self.stay) * P + self.stay * np.eye(S)[None]
         return torch.from_numpy(P)
 
     def observe(self, states: np.ndarray) -> np.ndarray:
@@ -109,7 +117,10 @@ class SlipGridWorld:
         """Next states of a batch (vectorised sampling of the slip)."""
         slipped = rng.random(states.shape) < self.slip
         moves = np.where(slipped, rng.integers(0, self.num_actions, states.shape), actions)
-        return self._next[states, moves]
+        moved = self._next[states, moves]
+        if self.stay > 0.0:
+            moved = np.where(rng.random(states.shape) < self.stay, states, moved)
+        return moved
 
     def reward_of(self, states: np.ndarray) -> np.ndarray:
         return np.isin(states, list(self.reward_states)).astype(np.float32)

@@ -14,7 +14,9 @@ Decisions (METHODS.md §6 leaves them open; each is a parameter):
 
 - ``router="node"`` (default) routes per node; ``"global"`` learns one mix per hop for
   all nodes (the no-router ablation: the same primitives and momentum, no node
-  dependence); ``"low"``, ``"high"``, ``"identity"`` fix the route (tests, ablations).
+  dependence); ``"oracle"`` learns one mix per hop for each group of ``groups`` (a node's
+  true regime, given: the benchmark's upper bound on what per-node routing can gain over
+  ``"global"``); ``"low"``, ``"high"``, ``"identity"`` fix the route (tests, ablations).
 - ``router_sharing="per_hop"`` (default; ``W_k`` per hop, ``3·2C + 3`` parameters each)
   or ``"shared"`` (one router for every hop).
 - ``readout="sum"`` (default; ``γ`` learned, initialised to personalised-PageRank weights
@@ -51,7 +53,7 @@ from torch import Tensor, nn
 from lit_lowrank.ops.castor import PRIMITIVES, bounded_beta, castor_hop, castor_mix, router_probabilities
 from lit_lowrank.ops.graph_propagation import as_edge_index, normalized_adjacency
 
-ROUTERS = ("node", "global") + PRIMITIVES
+ROUTERS = ("node", "global", "oracle") + PRIMITIVES
 SHARING = ("per_hop", "shared")
 READOUTS = ("sum", "last")
 MOMENTUM = ("heavy_ball", "nesterov", "none")
@@ -72,12 +74,14 @@ class Castor(nn.Module):
         num_layers: MLP depth (linear layers, ≥ 1).
         K: propagation hops (≥ 0; 0 is the MLP).
         dropout: dropout before every MLP layer.
-        router: ``"node"``, ``"global"``, ``"low"``, ``"high"`` or ``"identity"``.
+        router: ``"node"``, ``"global"``, ``"oracle"``, ``"low"``, ``"high"`` or ``"identity"``.
         router_sharing: ``"per_hop"`` or ``"shared"``.
         readout: ``"sum"`` or ``"last"``.
         momentum: ``"heavy_ball"``, ``"nesterov"`` or ``"none"``.
         beta_max: bound of ``|β_k|`` (in ``[0, 1)``).
         tau: router softmax temperature.
+        groups: ``(N,)`` integer group of every node, required by (and only by) ``router="oracle"``:
+            the model then runs on graphs of exactly ``N`` nodes.
 
     Shapes:
         ``x: (N, in_channels)``, ``edge_index: (2, E)`` (or dense / sparse ``(N, N)``),
@@ -100,6 +104,7 @@ class Castor(nn.Module):
         tau: float = 0.05,
         router_init: tuple[float, float, float] = (0.8, 0.1, 0.1),
         readout_alpha: float = 0.1,
+        groups: Tensor | None = None,
     ) -> None:
         super().__init__()
         _check("router", router, ROUTERS)
@@ -114,6 +119,13 @@ class Castor(nn.Module):
             raise ValueError(f"`router_init`={router_init!r}: expected three positive probabilities summing to 1.")
         if not 0 < readout_alpha <= 1:
             raise ValueError(f"`readout_alpha`={readout_alpha!r}: expected a teleport probability in (0, 1].")
+        if (router == "oracle") != (groups is not None):
+            raise ValueError(f"`groups`: router='oracle' needs the (N,) node groups and no other router takes them "
+                             f"(router={router!r}, groups={'given' if groups is not None else None}).")
+        if groups is not None and (groups.dim() != 1 or groups.dtype not in (torch.int32, torch.int64)
+                                   or groups.numel() == 0 or int(groups.min()) < 0):
+            raise ValueError(f"`groups`: expected a non-empty (N,) tensor of non-negative integers, got "
+                             f"{tuple(groups.shape)} {groups.dtype}.")
         bounded_beta(torch.zeros(()), beta_max)  # validates beta_max
         self.K, self.dropout, self.tau, self.beta_max = K, dropout, tau, beta_max
         self.router, self.router_sharing, self.readout, self.momentum = router, router_sharing, readout, momentum
@@ -125,12 +137,15 @@ class Castor(nn.Module):
         c = out_channels
         # node router: W_k (3, 2C) reads the states; global router: the bias alone.
         self.router_weight = nn.Parameter(torch.zeros(num_routers, 3, 2 * c)) if router == "node" else None
-        if router in ("node", "global"):
+        if router in ("node", "global", "oracle"):
             # bias = tau * log p so the initial mix is router_init whatever the temperature
             init = tau * torch.log(torch.tensor([router_init], dtype=torch.float32))
-            self.router_bias = nn.Parameter(init.repeat(num_routers, 1))
+            num_groups = int(groups.max()) + 1 if groups is not None else 1
+            shape = (num_routers, num_groups, 3) if router == "oracle" else (num_routers, 3)
+            self.router_bias = nn.Parameter(init.expand(*shape).clone())
         else:
             self.register_parameter("router_bias", None)
+        self.register_buffer("groups", None if groups is None else groups.long().clone())
         self.beta_raw = nn.Parameter(torch.zeros(K)) if momentum != "none" else None
         if readout == "sum":
             # personalised-PageRank weights (as GPRGNN): early hops keep each node's own evidence
@@ -164,6 +179,11 @@ class Castor(nn.Module):
         j = 0 if self.router_sharing == "shared" else k
         if self.router == "global":
             return torch.softmax(self.router_bias[j] / self.tau, dim=0).expand(h.shape[0], 3)
+        if self.router == "oracle":
+            if self.groups.numel() != h.shape[0]:
+                raise ValueError(f"router='oracle': `groups` names {self.groups.numel()} nodes, the graph has "
+                                 f"{h.shape[0]}.")
+            return torch.softmax(self.router_bias[j] / self.tau, dim=1)[self.groups]
         return router_probabilities(h, h0, self.router_weight[j], self.router_bias[j], self.tau)
 
     def propagate(self, h0: Tensor, adj: Tensor) -> Tensor:

@@ -2,9 +2,18 @@
 
 FB (Touati & Ollivier 2021) models the successor measure of the policy ``π_z`` as
 ``M^{π_z}(s, a, ds') ≈ F(s, a, z)ᵀ B(s') ρ(ds')`` with ``ρ`` the data distribution. Temporal
-abstraction (action repeat / fixed-length options of length ``k``) replaces the one-step
-transition operator ``P`` by the macro operator ``P_k`` whose eigenvalues are ``λᵏ``: a low-pass
-filter on the spectrum that lowers the effective rank of the successor measure the rank-``d``
+abstraction of length ``k`` replaces the one-step transition operator by a macro operator; two are
+kept, by name (:data:`ABSTRACTIONS`):
+
+- ``"options"``: a fixed-length option takes its first action, then runs the behaviour policy
+  ``π`` for ``k − 1`` more steps. Averaged over the first action this is ``P_πᵏ``, whose
+  eigenvalues are exactly ``λᵏ``: a low-pass filter on the spectrum *when the spectrum is
+  non-negative* (a lazy walk); on a nearly bipartite walk ``λ ≈ −1`` survives (``λ² ≈ 1``).
+- ``"repeat"``: action repeat holds the chosen action ``k`` steps, ``Σ_a π(a|s) P_aᵏ``. This is
+  not a power of ``P_π`` and its eigenvalues are not ``λᵏ``: held actions travel further, and its
+  SR effective rank can *rise* with ``k`` (measured in ``lit-lowrank bench fb_temporal``).
+
+The filtered spectrum lowers the effective rank of the successor measure the rank-``d``
 FB bottleneck has to fit. This module holds everything that is plain math:
 
 - the FB temporal-difference loss and the orthonormality regulariser (:func:`fb_loss`,
@@ -25,8 +34,8 @@ Decisions (METHODS.md §1 leaves them open):
 - **macro discount**: ``"power"`` (default) discounts a macro step of ``k`` primitive steps by
   ``γᵏ``, so every ``k`` solves the same task (same horizon in primitive steps) and bootstraps
   ``k`` times fewer times; ``"per_decision"`` discounts each macro step by ``γ`` (horizon
-  counted in decisions). The low-pass effect on the SR's effective rank is cleanest per decision
-  (10×10 slip grid, γ=0.99: 13.5 → 9.3 → 4.1 → 1.9 for k = 1, 2, 4, 8, the spec's reference
+  counted in decisions). With action repeat on the (non-lazy) slip grid the effective rank falls
+  per decision (10×10 slip grid, γ=0.99: 13.5 → 9.3 → 4.1 → 1.9 for k = 1, 2, 4, 8, the spec's reference
   numbers); with ``γᵏ`` the rank still falls from k=1 to k=8 (13.5 → 9.4) but first *rises* at
   ``k = 2`` (16.6): eigenvalues near −1 of the nearly periodic walk become ``λ² ≈ 1`` and the
   top eigenvalue ``1/(1 − γᵏ)`` shrinks. The benchmark reports both.
@@ -61,13 +70,17 @@ __all__ = [
     "successor_representation", "successor_measure", "transition_spectrum", "estimate_transition_operator",
     "sr_effective_rank", "relative_sr_error", "value_error_bound", "rank_value_floor", "normalize_sphere",
     "goal_reaching_operators", "macro_task", "optimal_repeat_values", "repeat_value_gap", "sr_tail",
-    "repeat_value_bound",
+    "repeat_value_bound", "ABSTRACTIONS",
 ]
 
 MacroDiscount = Literal["per_decision", "power"]
 MacroReward = Literal["sum", "discounted"]
 MACRO_DISCOUNTS: tuple[str, ...] = ("power", "per_decision")
 MACRO_REWARDS: tuple[str, ...] = ("sum", "discounted")
+Abstraction = Literal["options", "repeat"]
+#: The two temporal abstractions: ``"options"`` (first action, then ``π``: ``P_πᵏ``) and ``"repeat"``
+#: (the action held ``k`` steps: ``Σ_a π_a P_aᵏ``).
+ABSTRACTIONS: tuple[str, ...] = ("options", "repeat")
 
 
 def _off_diagonal_mean_sq(matrix: Tensor) -> Tensor:
@@ -217,27 +230,39 @@ def policy_transition(P: Tensor, policy: Tensor | None = None) -> Tensor:
     return torch.einsum("sa,ast->st", policy.to(P.dtype), P)
 
 
-def macro_transition(P: Tensor, k: int, policy: Tensor | None = None, mode: Literal["repeat", "primitive"] = "repeat"
-                     ) -> Tensor:
-    """Macro transition operator of length-``k`` temporal abstraction.
+def _check_abstraction(abstraction: str) -> None:
+    if abstraction not in ABSTRACTIONS:
+        raise ValueError(f"`abstraction`={abstraction!r}, expected one of {ABSTRACTIONS} ('options': first action "
+                         "then the policy, P_π^k; 'repeat': the action held k steps, Σ_a π_a P_a^k).")
 
-    ``"repeat"``: the macro policy picks ``a ~ π(·|s)`` and repeats it ``k`` times:
-    ``P_k[s] = Σ_a π(a|s) (P_aᵏ)[s]``. ``"primitive"``: the one-step policy is applied ``k``
-    times, ``P_k = P_πᵏ`` (eigenvalues exactly ``λᵏ``). Both are ``(S, S)``; the per-action
-    operators ``P_aᵏ`` are :func:`macro_action_operators`.
+
+def macro_transition(P: Tensor, k: int, policy: Tensor | None = None, abstraction: Abstraction = "repeat") -> Tensor:
+    """Macro transition operator ``(S, S)`` of length-``k`` temporal abstraction under ``policy`` (uniform if None).
+
+    ``"repeat"``: the macro policy picks ``a ~ π(·|s)`` and holds it ``k`` steps,
+    ``P_k[s] = Σ_a π(a|s) (P_aᵏ)[s]`` (not a power of ``P_π``). ``"options"``: the first action
+    ``a ~ π(·|s)``, then ``π`` for ``k − 1`` steps: ``P_k = P_πᵏ``, eigenvalues exactly ``λᵏ``. The
+    per-first-action operators are :func:`macro_action_operators`.
+
+    .. code-block:: python
+
+        macro_transition(P, 4, abstraction="options")     # == matrix_power(P.mean(0), 4)
     """
     if k < 1:
         raise ValueError(f"`k`={k}, expected an integer >= 1.")
-    if mode == "primitive":
+    _check_abstraction(abstraction)
+    if abstraction == "options":
         return torch.linalg.matrix_power(policy_transition(P, policy), k)
-    if mode != "repeat":
-        raise ValueError(f"`mode`={mode!r}, expected 'repeat' or 'primitive'.")
     return policy_transition(macro_action_operators(P, k), policy)
 
 
-def macro_action_operators(P: Tensor, k: int) -> Tensor:
-    """``(A, S, S)`` operators ``P_aᵏ`` of each repeated action."""
+def macro_action_operators(P: Tensor, k: int, abstraction: Abstraction = "repeat",
+                           policy: Tensor | None = None) -> Tensor:
+    """``(A, S, S)`` operators of each first action: ``P_aᵏ`` (``"repeat"``) or ``P_a P_π^(k−1)`` (``"options"``)."""
     _check_tabular(P)
+    _check_abstraction(abstraction)
+    if abstraction == "options":
+        return P @ torch.linalg.matrix_power(policy_transition(P, policy), k - 1)
     return torch.linalg.matrix_power(P, k)
 
 
@@ -288,12 +313,12 @@ def estimate_transition_operator(cells: Tensor, next_cells: Tensor, num_cells: i
 
 
 def sr_effective_rank(P: Tensor, gamma: float, ks: tuple[int, ...] = (1, 2, 4, 8),
-                      discount: MacroDiscount = "power", mode: Literal["repeat", "primitive"] = "repeat",
+                      discount: MacroDiscount = "power", abstraction: Abstraction = "repeat",
                       policy: Tensor | None = None) -> dict[int, dict[str, float]]:
     """Effective (Roy–Vetterli) and stable rank of the macro SR ``P_k (I − γ_k P_k)⁻¹``, per ``k``.
 
-    ``P`` is ``(A, S, S)`` (tabular actions) or ``(S, S)`` (a policy / discretised operator; then
-    ``mode`` is ignored and ``P_k = Pᵏ``).
+    ``P`` is ``(A, S, S)`` (tabular actions; ``abstraction`` as in :func:`macro_transition`) or
+    ``(S, S)`` (a policy / discretised operator; then ``abstraction`` is ignored and ``P_k = Pᵏ``).
 
     .. code-block:: python
 
@@ -301,7 +326,7 @@ def sr_effective_rank(P: Tensor, gamma: float, ks: tuple[int, ...] = (1, 2, 4, 8
     """
     out: dict[int, dict[str, float]] = {}
     for k in ks:
-        Pk = torch.linalg.matrix_power(P, k) if P.dim() == 2 else macro_transition(P, k, policy, mode)
+        Pk = torch.linalg.matrix_power(P, k) if P.dim() == 2 else macro_transition(P, k, policy, abstraction)
         g = float(macro_discount(gamma, k, discount))
         M = successor_measure(Pk, g)
         out[k] = {"erank": float(effective_rank_of(M)), "srank": float(stable_rank_of(M)), "gamma_macro": g}
@@ -428,7 +453,7 @@ def sr_tail(P_macro: Tensor, gamma_macro: float, d: int) -> dict[str, float]:
     reward (Eckart–Young). ``spectral_tail`` is the same number from the spectrum of ``P``: the
     ``(d+1)``-th largest ``|λ_i|/|1 − γλ_i|`` — equal to ``sigma_tail`` when ``P`` is normal
     (a reversible walk with uniform stationary measure, e.g. the uniform repeat policy on the
-    slip grid), and the reason action repeat helps: ``λ → λᵏ`` shrinks it.
+    slip grid), and the reason options help: ``P_πᵏ`` maps ``λ → λᵏ``, which shrinks it when ``λ ≥ 0``.
     """
     if P_macro.dim() != 2 or P_macro.shape[0] != P_macro.shape[1]:
         raise ValueError(f"`P_macro` must be (S, S), got {tuple(P_macro.shape)}.")
@@ -446,16 +471,16 @@ def sr_tail(P_macro: Tensor, gamma_macro: float, d: int) -> dict[str, float]:
 
 
 def repeat_value_bound(P: Tensor, gamma: float, k: int, d: int, reward: Tensor,
-                       policy: Tensor | None = None) -> dict[str, float]:
+                       policy: Tensor | None = None, abstraction: Abstraction = "repeat") -> dict[str, float]:
     """The value-error bound of rank-``d`` FB under ``k``-step action repeat (arXiv 2603.20103).
 
     For the macro policy ``π`` (``policy`` ``(S, A)``, uniform when ``None``) with macro operator
-    ``P̃ = Σ_a π(a|s) P_aᵏ``, discount ``γᵏ`` and SR ``M_k = P̃(I − γᵏP̃)⁻¹``, the best rank-``d``
-    FB has
+    ``P̃`` (:func:`macro_transition`: ``Σ_a π(a|s) P_aᵏ`` for ``"repeat"``, ``P_πᵏ`` for ``"options"``),
+    discount ``γᵏ`` and SR ``M_k = P̃(I − γᵏP̃)⁻¹``, the best rank-``d`` FB has
 
         ‖V_k − V̂_k‖₂ ≤ σ_{d+1}(M_k) · ‖r‖₂,   σ_{d+1}(M_k) = |λ_{d+1}|/|1 − γᵏλ_{d+1}|  (normal P̃),
 
-    a function of ``k``, ``γ`` and the spectrum: the low-pass ``λ → λᵏ`` shrinks the tail while
+    a function of ``k``, ``γ`` and the spectrum: for options the low-pass ``λ → λᵏ`` shrinks the tail while
     ``γ → γᵏ`` keeps the horizon. ``V_k = M_k r`` counts the reward at macro landing states, as
     FB's ``V̂ = M̂ r`` does. The price of the coarser policy class is the separate term
     :func:`repeat_value_gap`.
@@ -465,7 +490,7 @@ def repeat_value_bound(P: Tensor, gamma: float, k: int, d: int, reward: Tensor,
         ``‖(M_k − [M_k]_d) r‖₂`` of the truncated SVD, ``≤ bound``) and ``value_norm`` ``‖V_k‖₂``.
     """
     _check_tabular(P)
-    P_macro = macro_transition(P.to(torch.float64), k, policy)
+    P_macro = macro_transition(P.to(torch.float64), k, policy, abstraction)
     gk = float(macro_discount(gamma, k))
     tail = sr_tail(P_macro, gk, d)
     r = reward.to(torch.float64)

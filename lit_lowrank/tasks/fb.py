@@ -320,7 +320,8 @@ class FBModule(TaskModule):
         k = int(data.hparams.k)
         if isinstance(env, SlipGridWorld):
             result = evaluate_gridworld(self, env, replay, goal_states(env, self.hparams.eval_goals), k,
-                                        horizon=self.hparams.eval_horizon)
+                                        horizon=self.hparams.eval_horizon,
+                                        abstraction=getattr(data.hparams, "abstraction", "repeat"))
             self.log_split("val", {"zero_shot_return": result["normalized_return"], "sr_error": result["sr_error"]})
             self._log_returns_figure(result["returns"], [f"goal {g}" for g in goal_states(env, self.hparams.eval_goals)])
         elif isinstance(env, PointMass):
@@ -354,11 +355,13 @@ def goal_states(env: Any, n: int, seed: int = 0) -> list[int]:
 
 @torch.no_grad()
 def evaluate_gridworld(module: FBModule, env: Any, replay: dict[str, Tensor], goals: list[int], k: int,
-                       horizon: int = 100, reward_goals: list[int] | None = None) -> dict[str, Any]:
+                       horizon: int = 100, reward_goals: list[int] | None = None,
+                       abstraction: str = "repeat") -> dict[str, Any]:
     """Exact zero-shot scores of an FB model on a :class:`SlipGridWorld` (one-goal rewards ``r = 1[s' = g]``).
 
     For each goal: ``z_r`` from the replay's next states and their rewards; the greedy macro
-    policy ``π_z`` (repeat ``k``); its goal-reaching return (entering the goal pays 1 and ends
+    policy ``π_z`` (its action held ``k`` steps, or with ``abstraction="options"`` taken once and
+    followed by ``k − 1`` uniform actions); its goal-reaching return (entering the goal pays 1 and ends
     the episode, also inside a repeat; per-step discount ``γ``; ``horizon`` primitive steps) from
     a uniform start, divided by the optimal primitive policy's return; the relative error of
     ``F(s, a, z)ᵀB(s')ρ(s')`` against the exact macro successor measure of ``π_z``; and the
@@ -375,7 +378,7 @@ def evaluate_gridworld(module: FBModule, env: Any, replay: dict[str, Tensor], go
     device = module.device
     P = env.transition_tensor()                                        # (A, S, S) float64
     A, S = P.shape[0], P.shape[1]
-    Pk = macro_action_operators(P, k)                                  # (A, S, S)
+    Pk = macro_action_operators(P, k, abstraction)                     # (A, S, S)
     gamma = float(macro_discount(module.hparams.discount, k, module.hparams.macro_discount))
     gamma_eval = float(module.hparams.discount)
     next_states = replay["next_state"].long()
@@ -404,7 +407,7 @@ def evaluate_gridworld(module: FBModule, env: Any, replay: dict[str, Tensor], go
         holds.append(bool(check["holds"]))
         value_errors.append(float(check["error_inf"][0])), bounds.append(float(check["bound_inf"][0]))
         starts = torch.arange(S) != g
-        ret = _policy_return(P, actions, k, g, gamma_eval, horizon)[starts].mean()
+        ret = _policy_return(P, actions, k, g, gamma_eval, horizon, abstraction)[starts].mean()
         returns.append(float(ret / _optimal_return(P, g, gamma_eval, horizon)[starts].mean().clamp_min(1e-12)))
     module.train()
     return {"normalized_return": float(np.mean(returns)), "sr_error": float(np.mean(errors)),
@@ -413,12 +416,13 @@ def evaluate_gridworld(module: FBModule, env: Any, replay: dict[str, Tensor], go
 
 
 @torch.no_grad()
-def evaluate_policy_evaluation(module: FBModule, env: Any, replay: dict[str, Tensor], goals: list[int], k: int
-                               ) -> dict[str, Any]:
+def evaluate_policy_evaluation(module: FBModule, env: Any, replay: dict[str, Tensor], goals: list[int], k: int,
+                               abstraction: str = "repeat") -> dict[str, Any]:
     """Exact scores of an FB model trained with ``target_policy="uniform"`` on a :class:`SlipGridWorld`.
 
-    The target is the SR of the uniform ``k``-repeat macro policy, ``M(s, a, ·) = P_aᵏ (I − γ_k P̃)⁻¹``
-    with ``P̃ = ¼Σ_a P_aᵏ``: a fixed, well-conditioned matrix (the SR of a greedy ``π_z`` changes by
+    The target is the SR of the uniform macro policy, ``M(s, a, ·) = P_a^(k) (I − γ_k P̃)⁻¹`` with
+    ``P_a^(k)`` and ``P̃ = ¼Σ_a P_a^(k)`` from :func:`~lit_lowrank.ops.fb.macro_action_operators` for
+    ``abstraction`` (``"repeat"``: ``P_aᵏ``; ``"options"``: ``P_a P_πᵏ⁻¹``, so ``P̃ = P_πᵏ``): a fixed, well-conditioned matrix (the SR of a greedy ``π_z`` changes by
     tens of percent when one action flips). Returns the relative SR error
     ``‖F(s, a, z)ᵀB(s')ρ(s') − M‖_F/‖M‖_F`` (mean over the goal latents) and, per one-goal reward
     ``r = 1[s' = g]``, the value error ``‖V̂ − V‖₂`` of ``V̂(s) = mean_a M̂(s, a, ·) r`` against
@@ -428,8 +432,8 @@ def evaluate_policy_evaluation(module: FBModule, env: Any, replay: dict[str, Ten
     device = module.device
     P = env.transition_tensor()
     A, S = P.shape[0], P.shape[1]
-    Pk = macro_action_operators(P, k)
-    P_macro = macro_transition(P, k)
+    Pk = macro_action_operators(P, k, abstraction)
+    P_macro = macro_transition(P, k, abstraction=abstraction)
     gamma = float(macro_discount(module.hparams.discount, k, module.hparams.macro_discount))
     M_true = successor_measure(P_macro, gamma, P_first=Pk).permute(1, 0, 2).reshape(S * A, S)
     M_state = successor_measure(P_macro, gamma)
@@ -456,20 +460,26 @@ def evaluate_policy_evaluation(module: FBModule, env: Any, replay: dict[str, Ten
             "sr_errors": errors}
 
 
-def _policy_return(P: Tensor, actions: Tensor, k: int, goal: int, gamma: float, horizon: int) -> Tensor:
+def _policy_return(P: Tensor, actions: Tensor, k: int, goal: int, gamma: float, horizon: int,
+                   abstraction: str = "repeat") -> Tensor:
     """Expected discounted goal-reaching return ``E[γ^(T_hit − 1)]`` per start of the macro policy.
 
-    The action ``actions[b]`` of the macro boundary state ``b`` is held ``k`` primitive steps;
+    The action ``actions[b]`` of the macro boundary state ``b`` is held ``k`` primitive steps
+    (``"options"``: taken once, then ``k − 1`` uniform actions);
     entering ``goal`` pays 1 and terminates (also inside a repeat); ``horizon`` primitive steps.
     """
     S = P.shape[1]
     held = P[actions]                                  # (b, S, S): the operator of b's held action
+    uniform = P.mean(0)
     # one repeat from every boundary state b, computed once: the mass entering the goal at each of
     # its steps, and where the surviving mass is at its end (the goal's column zeroed = terminated)
     cur = torch.eye(S, dtype=torch.float64)
     hits, ends = [], []
-    for _ in range(min(k, horizon)):
-        cur = torch.bmm(cur.unsqueeze(1), held).squeeze(1)
+    for i in range(min(k, horizon)):
+        if i == 0 or abstraction == "repeat":
+            cur = torch.bmm(cur.unsqueeze(1), held).squeeze(1)
+        else:
+            cur = cur @ uniform
         hits.append(cur[:, goal].clone())
         cur[:, goal] = 0.0
         ends.append(cur)

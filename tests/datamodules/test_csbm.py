@@ -104,3 +104,42 @@ def test_mixed_csbm_errors_name_the_parameter():
         mixed_csbm(num_nodes=100, cross_fraction=1.0)
     with pytest.raises(ValueError, match=r"phis\[0\]"):
         mixed_csbm(num_nodes=100, phis=(1.0,), avg_degree=1.0, epsilon=20.0)
+
+
+def test_regime_sbm_regions_have_their_homophily_and_are_balanced():
+    from lit_lowrank.datamodules.csbm import regime_sbm
+    from lit_lowrank.ops.graph_propagation import local_homophily
+
+    data = regime_sbm(900, 50, num_classes=3, homophily=(0.05, 0.9), cross_fraction=0.1, seed=0)
+    assert is_undirected(data.edge_index) and not contains_self_loops(data.edge_index)
+    h = local_homophily(data.edge_index, data.y)
+    # within-region share h_r plus the label-blind cross edges (share 0.1, a third same-class)
+    for r, target in enumerate((0.05, 0.9)):
+        expected = 0.9 * target + 0.1 / 3
+        assert float(torch.nanmean(h[data.regime == r])) == pytest.approx(expected, abs=0.04)
+    for r in range(2):
+        assert torch.bincount(data.y[data.regime == r], minlength=3).tolist() == [150, 150, 150]
+    degree = data.edge_index.shape[1] / 900
+    assert degree == pytest.approx(6.0, rel=0.1)
+    again = regime_sbm(900, 50, num_classes=3, homophily=(0.05, 0.9), cross_fraction=0.1, seed=0)
+    assert torch.equal(again.edge_index, data.edge_index) and torch.equal(again.x, data.x)
+
+
+def test_regime_sbm_features_separate_classes_by_feature_snr():
+    from lit_lowrank.datamodules.csbm import regime_sbm
+
+    data = regime_sbm(3000, 200, num_classes=3, feature_snr=2.0, seed=1)
+    x = data.x * math.sqrt(200)
+    means = torch.stack([x[data.y == c].mean(0) for c in range(3)])
+    gap = (means[0] - means[1]).norm()                                 # centroids feature_snr/√2·(u0 − u1)
+    assert float(gap) == pytest.approx(2.0, abs=0.35)
+
+
+@pytest.mark.parametrize("kwargs, match", [({"homophily": (1.2,)}, "homophily"), ({"num_classes": 1}, "num_classes"),
+                                           ({"cross_fraction": 1.0}, "cross_fraction"),
+                                           ({"num_nodes": 30, "avg_degree": 40.0}, "exceed 1")])
+def test_regime_sbm_errors_name_the_parameter(kwargs, match):
+    from lit_lowrank.datamodules.csbm import regime_sbm
+
+    with pytest.raises(ValueError, match=match):
+        regime_sbm(**kwargs)

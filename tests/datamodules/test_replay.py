@@ -187,3 +187,31 @@ def test_gymnasium_adapter_with_action_repeat():
     assert info["steps"] == 4 and reward == pytest.approx(sum(info["rewards"]))
     data = collect_transitions(make_env("gym:Pendulum-v1"), 50, k=2, seed=0)
     assert data["obs"].shape == (50, 3) and data["action"].shape == (50, 1)
+
+
+@pytest.mark.parametrize("abstraction", ["options", "repeat"])
+def test_collected_macro_transitions_follow_their_abstraction(abstraction):
+    """The empirical k-step transitions of the collected data match the exact operator of the abstraction."""
+    from lit_lowrank.ops.fb import macro_action_operators
+
+    env = SlipGridWorld(size=4, slip=0.1, stay=0.3)
+    data = collect_transitions(env, 60_000, k=3, seed=0, abstraction=abstraction)
+    exact = macro_action_operators(env.transition_tensor(), 3, abstraction)
+    s, a, s2 = data["state"], data["action"], data["next_state"]
+    errors = []
+    for state, action in ((5, 3), (10, 0)):
+        sel = (s == state) & (a == action)
+        empirical = torch.bincount(s2[sel], minlength=16).double() / sel.sum()
+        errors.append(float((empirical - exact[action, state]).abs().sum() / 2))
+    assert max(errors) < 0.06
+    other = macro_action_operators(env.transition_tensor(), 3, "repeat" if abstraction == "options" else "options")
+    sel = (s == 5) & (a == 3)
+    empirical = torch.bincount(s2[sel], minlength=16).double() / sel.sum()
+    assert float((empirical - other[3, 5]).abs().sum() / 2) > 0.1
+
+
+def test_abstraction_errors_name_it():
+    with pytest.raises(ValueError, match="abstraction"):
+        ReplayDataModule("gridworld", abstraction="hold")
+    with pytest.raises(ValueError, match="abstraction"):
+        collect_transitions(SlipGridWorld(size=3), 10, k=2, abstraction="hold")

@@ -174,3 +174,44 @@ def test_checkpoint_round_trip_through_the_task_module(tmp_path):
     reloaded = NodeClassificationModule.load_from_checkpoint(tmp_path / "castor.ckpt").eval()
     graph = data.data
     torch.testing.assert_close(reloaded(graph.x, graph.edge_index), module.eval()(graph.x, graph.edge_index))
+
+
+def _graph(n=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    edges = torch.randint(0, n, (2, 40), generator=g)
+    return torch.randn(n, 5, generator=g), torch.cat([edges, edges.flip(0)], 1)
+
+
+def test_oracle_with_one_group_is_the_global_router():
+    x, edge_index = _graph()
+    torch.manual_seed(0)
+    glob = Castor(5, 3, K=4, router="global").eval()
+    oracle = Castor(5, 3, K=4, router="oracle", groups=torch.zeros(12, dtype=torch.long)).eval()
+    oracle.load_state_dict({**glob.state_dict(), "router_bias": glob.router_bias.data[:, None, :].clone(),
+                            "groups": oracle.groups}, strict=True)
+    torch.testing.assert_close(oracle(x, edge_index), glob(x, edge_index))
+
+
+def test_oracle_routes_each_group_with_its_own_mix():
+    x, edge_index = _graph()
+    groups = torch.tensor([0, 1] * 6)
+    model = Castor(5, 3, K=2, router="oracle", groups=groups, tau=1.0).eval()
+    with torch.no_grad():
+        model.router_bias[:, 1] = torch.tensor([-20.0, 20.0, -20.0])   # group 1: all high-pass
+    model(x, edge_index)
+    routes = model.last_routes                                          # (K, N, 3)
+    torch.testing.assert_close(routes[:, groups == 0], torch.tensor([0.8, 0.1, 0.1]).expand(2, 6, 3))
+    assert (routes[:, groups == 1, 1] > 0.999).all()
+    assert model.router_bias.requires_grad
+
+
+def test_oracle_errors_name_groups():
+    with pytest.raises(ValueError, match="groups"):
+        Castor(5, 3, router="oracle")
+    with pytest.raises(ValueError, match="groups"):
+        Castor(5, 3, router="node", groups=torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match="groups"):
+        Castor(5, 3, router="oracle", groups=torch.zeros(4))
+    x, edge_index = _graph()
+    with pytest.raises(ValueError, match="groups.*4 nodes.*12"):
+        Castor(5, 3, router="oracle", groups=torch.zeros(4, dtype=torch.long))(x, edge_index)

@@ -252,3 +252,54 @@ def test_macro_task_and_the_price_of_repeating():
     assert float(absorbing[:, 12].abs().sum()) == 0.0 and torch.equal(absorbing[:, 3], P[:, 3])
     gaps = [repeat_value_gap(P, 12, 0.9, k) for k in (1, 2, 4)]
     assert gaps[0] == 0.0 and all(g >= -1e-9 for g in gaps) and gaps[2] > 0
+
+
+def test_options_are_powers_of_the_policy_operator_and_repeat_is_not():
+    from lit_lowrank.ops.fb import macro_action_operators
+
+    P = SlipGridWorld(size=5, slip=0.2, stay=0.5).transition_tensor()
+    P_pi = P.mean(0)
+    options = macro_transition(P, 3, abstraction="options")
+    torch.testing.assert_close(options, torch.linalg.matrix_power(P_pi, 3))
+    # eigenvalues exactly λ³ (P_π of the uniform walk on the grid is symmetric: real spectrum)
+    lam = torch.linalg.eigvalsh((P_pi + P_pi.T) / 2)
+    torch.testing.assert_close(torch.sort(torch.linalg.eigvalsh((options + options.T) / 2)).values,
+                               torch.sort(lam ** 3).values)
+    # per first action: P_a P_π², whose mean over actions is P_π³
+    per_action = macro_action_operators(P, 3, "options")
+    torch.testing.assert_close(per_action[2], P[2] @ P_pi @ P_pi)
+    torch.testing.assert_close(per_action.mean(0), options)
+    # action repeat Σ_a π_a P_a³ is a different operator (held actions travel further)
+    repeat = macro_transition(P, 3, abstraction="repeat")
+    torch.testing.assert_close(repeat, torch.linalg.matrix_power(P, 3).mean(0))
+    assert float((repeat - options).abs().max()) > 1e-2
+    with pytest.raises(ValueError, match="abstraction.*'options'.*'repeat'"):
+        macro_transition(P, 2, abstraction="primitive")
+
+
+def test_lazy_grid_has_a_nonnegative_spectrum_and_options_lower_the_sr_rank():
+    classic = SlipGridWorld(size=10, slip=0.2).transition_tensor()
+    lazy = SlipGridWorld(size=10, slip=0.2, stay=0.5).transition_tensor()
+    torch.testing.assert_close(lazy.sum(-1), torch.ones(4, 100, dtype=torch.float64))
+    torch.testing.assert_close(lazy, 0.5 * classic + 0.5 * torch.eye(100, dtype=torch.float64))
+    assert float(transition_spectrum(classic.mean(0)).real.min()) < -0.9     # nearly bipartite
+    assert float(transition_spectrum(lazy.mean(0)).real.min()) >= -1e-9
+    ranks = sr_effective_rank(lazy, 0.99, ks=(1, 2, 4, 8), abstraction="options")
+    values = [ranks[k]["erank"] for k in (1, 2, 4, 8)]
+    assert all(a > b for a, b in zip(values, values[1:]))
+    # on the classic grid λ ≈ −0.95 survives as λ² ≈ 0.9 and the options rank first rises
+    classic_ranks = sr_effective_rank(classic, 0.99, ks=(1, 2), abstraction="options")
+    assert classic_ranks[2]["erank"] > classic_ranks[1]["erank"]
+
+
+def test_lazy_grid_stays_put_with_probability_stay():
+    import numpy as np
+
+    env = SlipGridWorld(size=5, slip=0.0, stay=0.3)
+    rng = np.random.default_rng(0)
+    start = np.full(20000, 12)                                              # the centre
+    moved = env.step_batch(start, np.full(20000, 3), rng)
+    assert (moved == 12).mean() == pytest.approx(0.3, abs=0.015)
+    assert (moved == 13).mean() == pytest.approx(0.7, abs=0.015)
+    with pytest.raises(ValueError, match="stay"):
+        SlipGridWorld(stay=1.0)

@@ -84,12 +84,13 @@ def test_macro_discount_per_row():
     torch.testing.assert_close(per_decision._discounts(batch), torch.tensor([0.9, 0.9, 0.0]))
 
 
-def test_policy_return_matches_monte_carlo():
+@pytest.mark.parametrize("abstraction", ["repeat", "options"])
+def test_policy_return_matches_monte_carlo(abstraction):
     env = SlipGridWorld(size=4, slip=0.2)
     P = env.transition_tensor()
     actions = torch.tensor([3, 3, 3, 1] * 4)                         # right, and down on the last column
     goal, gamma, k, horizon = 15, 0.9, 2, 30
-    exact = _policy_return(P, actions, k, goal, gamma, horizon)
+    exact = _policy_return(P, actions, k, goal, gamma, horizon, abstraction)
     rng = np.random.default_rng(0)
     n = 20000
     s = np.zeros(n, dtype=np.int64)                                  # start state 0
@@ -97,6 +98,8 @@ def test_policy_return_matches_monte_carlo():
     for t in range(horizon):
         if t % k == 0:
             held = actions.numpy()[s]
+        elif abstraction == "options":                               # after the first action: uniform ones
+            held = rng.integers(0, 4, n)
         s = np.where(alive, env.step_batch(s, held, rng), s)
         hit = alive & (s == goal)
         ret[hit] += gamma ** t
