@@ -11,10 +11,6 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
     from lit_lowrank.decoding.adaptive import BanditAdaptiveDrafter
     from lit_lowrank.decoding.cost import VerifyCost, fit_verify_cost
     from lit_lowrank.decoding.drafters import EagleDrafter, MedusaDrafter, SpecBlockDrafter
-    from lit_lowrank.decoding.generate import speculative_generate
-    from lit_lowrank.decoding.hybrid import HybridDrafter, NgramDrafter
-    from lit_lowrank.decoding.shipped import load_drafter, specblock_hybrid
-    from lit_lowrank.decoding.reference_drafters import OracleDrafter, RandomDrafter
     from lit_lowrank.decoding.engine import (
         DecodeStats,
         Drafter,
@@ -27,6 +23,10 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
         sampling_probs,
         skip_decoder_layers,
     )
+    from lit_lowrank.decoding.generate import speculative_generate
+    from lit_lowrank.decoding.hybrid import HybridDrafter, NgramDrafter
+    from lit_lowrank.decoding.reference_drafters import OracleDrafter, RandomDrafter
+    from lit_lowrank.decoding.shipped import load_drafter, specblock_hybrid
     from lit_lowrank.decoding.spirit import (
         AgreementSearchDrafter,
         LayerSkipDrafter,

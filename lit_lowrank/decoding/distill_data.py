@@ -299,7 +299,8 @@ class SelfDistillDataModule(pl.LightningDataModule):
         return token_counts(self.train_data, self.vocab_size)
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(DistillWindows(self.train_data, self.seq_len, self.assistant_only), batch_size=self.batch_size, shuffle=True,
+        windows = DistillWindows(self.train_data, self.seq_len, self.assistant_only)
+        return DataLoader(windows, batch_size=self.batch_size, shuffle=True,
                           drop_last=True, num_workers=self.num_workers,
                           generator=torch.Generator().manual_seed(self.seed))
 
