@@ -37,7 +37,7 @@ DRAFTERS: dict[str, dict[str, Any]] = {
 }
 #: Optimiser and trainer settings (the same for every drafter).
 OPTIM: dict[str, Any] = dict(lr=1e-3, weight_decay=0.0, pct_start=0.1)
-STEPS: dict[str, int] = {"eagle": 400, "specblock": 400, "medusa": 600}
+STEPS: dict[str, int] = {"eagle": 200, "specblock": 200, "medusa": 600}
 SEED = 0
 
 
@@ -123,3 +123,24 @@ def trained_drafter(name: str, callbacks: list[Any] | None = None) -> tuple[torc
     torch.save({"config": net.config, "state_dict": net.state_dict(), "info": info}, tmp)
     os.replace(tmp, path)  # atomic: other processes share the cache root
     return net, dict(info, cached=False)
+
+
+def ship_drafter(name: str) -> Path:
+    """Write drafter ``name`` (trained with today's settings, from the cache or trained now) into the package.
+
+    This is how ``lit_lowrank/decoding/weights/<name>-smollm2.safetensors`` were made; rerun it after a
+    settings change (the benchmark ignores a shipped file whose settings key differs).
+
+    .. code-block:: python
+
+        python -c "from lit_lowrank.benchmarks._spec_drafters import ship_drafter; ship_drafter('specblock')"
+    """
+    from lit_lowrank.decoding.shipped import save_drafter, shipped_path
+    from lit_lowrank.models.pretrained import load_smollm2
+
+    net, info = trained_drafter(name)
+    model, _ = load_smollm2()
+    keep = {k: v for k, v in info.items() if k not in ("cached", "shipped")}
+    path = shipped_path(name)
+    save_drafter(net, path, key=settings_key(name), info=keep, target_head=model.get_output_embeddings().weight)
+    return path
