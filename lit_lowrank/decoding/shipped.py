@@ -98,7 +98,10 @@ def load_drafter(name: str = "specblock", model: nn.Module | None = None) -> nn.
     """
     path = shipped_path(name)
     if not path.is_file():
-        raise FileNotFoundError(f"The shipped drafter {path} is missing from this installation.")
+        raise FileNotFoundError(
+            f"The shipped drafter {path} is not in this installation. Build it once with "
+            f"`python -c \"from lit_lowrank.benchmarks._spec_drafters import ship_drafter; ship_drafter('{name}')\"` "
+            "(trains it on SmolLM2's own answers if it is not cached), or load your own with BlockDrafterNet.load.")
     return load_drafter_file(path, model)[0]
 
 
