@@ -67,8 +67,9 @@ def speculative_generate(model: nn.Module | TargetLM, input_ids: Tensor, max_new
                          drafter: Drafter | None = None, *, attention_mask: Tensor | None = None,
                          do_sample: bool | None = None, temperature: float | None = None, top_k: int | None = None,
                          top_p: float | None = None, eos_token_id: int | list[int] | None = None,
-                         budget: int = 32, generator: torch.Generator | None = None,
-                         return_stats: bool = False, **generate_kwargs: Any) -> Tensor | tuple[Tensor, DecodeStats]:
+                         generation_config: Any = None, budget: int = 32,
+                         generator: torch.Generator | None = None, return_stats: bool = False,
+                         **generate_kwargs: Any) -> Tensor | tuple[Tensor, DecodeStats]:
     """Speculative decoding with ``generate``'s signature and return value, for one sequence.
 
     Args:
@@ -82,6 +83,8 @@ def speculative_generate(model: nn.Module | TargetLM, input_ids: Tensor, max_new
         do_sample / temperature / top_k / top_p: as ``generate`` (defaults from ``generation_config``;
             transformers' defaults otherwise: greedy, temperature 1, top-k 50 when sampling).
         eos_token_id: one stop token or a list (default: ``generation_config.eos_token_id``).
+        generation_config: a transformers ``GenerationConfig`` used instead of the model's for the
+            defaults above (as ``generate(generation_config=...)``).
         budget: most draft nodes the verifier checks per round.
         generator: random generator for sampling.
         return_stats: also return the :class:`~lit_lowrank.decoding.DecodeStats`.
@@ -93,7 +96,7 @@ def speculative_generate(model: nn.Module | TargetLM, input_ids: Tensor, max_new
         stats with ``return_stats``.
     """
     target = model if isinstance(model, TargetLM) else TargetLM(model)
-    config = getattr(target.model, "generation_config", None)
+    config = generation_config if generation_config is not None else getattr(target.model, "generation_config", None)
     for name, value in generate_kwargs.items():
         if name not in _NEUTRAL:
             raise TypeError(f"speculative_generate: unknown option {name!r}.")

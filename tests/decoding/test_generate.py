@@ -37,6 +37,10 @@ def test_stop_tokens_list_and_left_padding():
     got = speculative_generate(model, ids, max_new_tokens=15, eos_token_id=stops)
     assert torch.equal(got, want[:, : got.shape[1]]) and got[0, -1].item() in stops
     assert got.shape[1] == ids.shape[1] + 4
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(eos_token_id=stops, max_new_tokens=15, do_sample=False)
+    assert torch.equal(speculative_generate(model, ids, generation_config=config), got)
     padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), ids], 1)
     mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones_like(ids)], 1)
     assert torch.equal(speculative_generate(model, padded, max_new_tokens=15, attention_mask=mask), full)
