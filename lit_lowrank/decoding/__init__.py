@@ -1,5 +1,7 @@
 """decoding: inference engines for causal LMs — lossless speculative decoding (draft trees verified in one
-target forward) with SpecBlock, EAGLE-style and Medusa-style drafters, and stable-rank scoring / Best-of-N."""
+target forward) with SpecBlock, EAGLE-style, Medusa-style, prompt-lookup and hybrid drafters sized by a fitted
+verification-cost model, a ``generate``-shaped entry point (:func:`speculative_generate`), the drafters shipped
+for SmolLM2, and stable-rank scoring / Best-of-N."""
 
 from __future__ import annotations
 

@@ -78,7 +78,9 @@ def speculative_generate(model: nn.Module | TargetLM, input_ids: Tensor, max_new
         max_new_tokens: tokens to generate at most (default: the model's ``generation_config``).
         drafter: any :class:`~lit_lowrank.decoding.Drafter`; ``None`` = prompt lookup in the engine
             (:class:`~lit_lowrank.decoding.hybrid.HybridDrafter` over an
-            :class:`~lit_lowrank.decoding.hybrid.NgramDrafter`, sized by the default cost model).
+            :class:`~lit_lowrank.decoding.hybrid.NgramDrafter`, sized by the default cost model, a
+            2-core CPU's; on other hardware build the drafter with a cost from
+            :func:`~lit_lowrank.decoding.cost.fit_verify_cost`).
         attention_mask: ``(1, T)``: ones, or zeros then ones (left padding, dropped).
         do_sample / temperature / top_k / top_p: as ``generate`` (defaults from ``generation_config``;
             transformers' defaults otherwise: greedy, temperature 1, top-k 50 when sampling).
