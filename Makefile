@@ -11,7 +11,7 @@ export TRANSFORMERS_OFFLINE := 1
 export WANDB_MODE ?= offline
 export LIT_LOWRANK_SCRATCH ?= $(CURDIR)/.scratch
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test test-dist bench clean
 
 install: $(STAMP)
 
@@ -31,7 +31,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	mkdir -p $(LIT_LOWRANK_SCRATCH)/tmp
-	TMPDIR=$(LIT_LOWRANK_SCRATCH)/tmp $(BIN)/python -m pytest -q -p no:cacheprovider --basetemp=$(LIT_LOWRANK_SCRATCH)/pytest $(PYTEST_ARGS)
+	TMPDIR=$(LIT_LOWRANK_SCRATCH)/tmp $(BIN)/python -m pytest -q -p no:cacheprovider --basetemp=$(LIT_LOWRANK_SCRATCH)/pytest -m "not dist" $(PYTEST_ARGS)
+
+# every method under 2-process CPU DDP and FSDP2 (tests/methods/test_distributed.py; ~5 minutes on 2 cores)
+test-dist: $(STAMP)
+	mkdir -p $(LIT_LOWRANK_SCRATCH)/tmp
+	TMPDIR=$(LIT_LOWRANK_SCRATCH)/tmp $(BIN)/python -m pytest -q -p no:cacheprovider --basetemp=$(LIT_LOWRANK_SCRATCH)/pytest-dist -m dist tests/methods/test_distributed.py $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/lit-lowrank bench overhead --quick --json $(LIT_LOWRANK_SCRATCH)/bench_overhead.json

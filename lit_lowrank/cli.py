@@ -17,7 +17,7 @@ import warnings
 from typing import Any
 
 EXTRA_COMMANDS = """extra commands:
-  bench NAME [--quick] [--json PATH] [--seed N] [--strict]   run a method's benchmark (`bench --list`)
+  bench NAME [--quick] [--json PATH] [--seed N] [--strict] [--quiet]   run a method's benchmark (`bench --list`)
   bench --table [--check]                          README/card tables from docs/results/*.json
   bench --stale [NAME ...]                         committed results whose code changed since they ran
   methods [--markdown]                             print the method registry as a table
@@ -50,6 +50,8 @@ def _bench(argv: list[str]) -> int:
     parser.add_argument("--table", action="store_true",
                         help="regenerate the README's and the cards' tables from docs/results/*.json")
     parser.add_argument("--check", action="store_true", help="with --table: only report the files that differ")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress display (for CI logs); the same as LIT_LOWRANK_QUIET=1")
     parser.add_argument("--stale", action="store_true",
                         help="list committed docs/results/*.json whose code changed since they ran (exit 1 if any)")
     parser.add_argument("--root", metavar="PATH",
@@ -79,6 +81,10 @@ def _bench(argv: list[str]) -> int:
         return 0 if ns.list else 2
     if len(ns.name) > 1:
         parser.error(f"one benchmark at a time, got {ns.name}")
+    if ns.quiet:
+        import os
+
+        os.environ["LIT_LOWRANK_QUIET"] = "1"
     result = run_benchmark(ns.name[0], quick=ns.quick, seed=ns.seed, json_path=ns.json)
     return 1 if ns.strict and not result["valid"] else 0
 

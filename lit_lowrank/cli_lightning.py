@@ -98,17 +98,74 @@ def error_summary(message: str) -> str:
     return first
 
 
+#: Set to 1 to see jsonargparse's full message / the traceback under a config error's one line.
+DEBUG_ENV = "LIT_LOWRANK_DEBUG"
+_REASON_SKIP = re.compile(r"\s*-?\s*(Not a valid subclass|Expected a <class|Subclass types expect|- a class path|"
+                          r"- a dict|Given value|Does not validate)")
+_GROUP_OF_BASE = {"Callback": "trainer.callbacks", "LightningModule": "model", "LightningDataModule": "data",
+                  "Logger": "trainer.logger"}
+
+
+def _key_paths(config: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """``(dotted path, last key)`` of every key in a nested config (lists indexed ``[i]``)."""
+    out: list[tuple[str, str]] = []
+    if isinstance(config, dict):
+        for key, value in config.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            out.append((path, str(key)))
+            out += _key_paths(value, path)
+    elif isinstance(config, list):
+        for i, value in enumerate(config):
+            out += _key_paths(value, f"{prefix}[{i}]")
+    return out
+
+
+def instantiation_summary(message: str, config: dict[str, Any] | None = None) -> str:
+    """One line for a component that refused its arguments when the CLI built it: ``<config key>: <reason>``.
+
+    jsonargparse reports a constructor's error inside a union's "Errors:" list, with the whole config value and no
+    key; the reason is the constructor's own message and the key is the config path of the name it quotes
+    (``Unknown argument(s) ['kron_shapee'] ...`` -> ``trainer.callbacks[0].init_args.method_kwargs.kron_shapee``).
+    """
+    lines = message.splitlines()
+    errors = [ln.strip()[2:].strip() for ln in lines if ln.strip().startswith("- ") and not _REASON_SKIP.match(ln)]
+    reason = errors[0] if errors else (lines[0] if lines else "invalid configuration")
+    key = None
+    if config:
+        quoted = [a or b for a, b in re.findall(r"'([A-Za-z_]\w*)'|`([A-Za-z_]\w*)`", reason)]
+        paths = _key_paths(config)
+        for word in quoted:
+            found = [p for p, last in paths if last == word and ".init_args." in p] or \
+                    [p for p, last in paths if last == word]
+            if found:
+                key = found[0]
+                break
+    if key is None:
+        base = re.search(r"Subtypes: \[[^\]]*?\.(\w+)'>", message)
+        key = _GROUP_OF_BASE.get(base.group(1), "config") if base else "config"
+    return f"{key}: {reason}"
+
+
+def _write_error(line: str, tip: str) -> None:
+    sys.stderr.write(f"error: {line}\n")
+    sys.stderr.write(f"tip: {tip}\n")
+
+
 class LitLowRankArgumentParser(LightningArgumentParser):
-    """Prints the bad key on the error's first line, then jsonargparse's details (no 60-line usage)."""
+    """Prints one ``error:`` line naming the bad key (no 60-line usage, no nested union report).
+
+    ``LIT_LOWRANK_DEBUG=1`` prints jsonargparse's full message under it."""
 
     def error(self, message: str, ex: Exception | None = None):  # type: ignore[override]
         if not self.exit_on_error or not message:
             return super().error(message, ex)
+        import os
+
         parser = getattr(ex, "subcommand_parser", None) or self
         prog = parser.prog.replace(" [options]", "")
-        sys.stderr.write(f"error: {error_summary(message)}\n")
-        sys.stderr.write("".join(f"  {line}\n" for line in message.splitlines()))
-        sys.stderr.write(f"tip: accepted options: {prog} --help\n")
+        if os.environ.get(DEBUG_ENV):
+            sys.stderr.write("".join(f"  {line}\n" for line in message.splitlines()))
+        _write_error(error_summary(message), f"accepted options: {prog} --help ({DEBUG_ENV}=1 for the details)")
         self.exit(2)
 
 
@@ -120,17 +177,11 @@ class LitLowRankSaveConfig(SaveConfigCallback):
     def save_config(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         import yaml
 
-        from lit_lowrank.core.figures import method_config
+        from lit_lowrank.core.method_entry import log_method_entry
 
         config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))
-        methods = method_config(trainer, pl_module, config)
-        for logger in trainer.loggers:
-            try:
-                logger.log_hyperparams({"method": methods})
-            except Exception as error:  # a logger without hparams support must not stop the run
-                import warnings
-
-                warnings.warn(f"{type(logger).__name__} did not log the run's `method` entry: {error}", stacklevel=1)
+        # with the config's settings (a method callback may have written it from attributes already)
+        methods = log_method_entry(trainer, pl_module, config, force=True) or {}
         from lightning.pytorch.loggers import WandbLogger
 
         for logger in trainer.loggers:
@@ -158,3 +209,41 @@ class LitLowRankCLI(LightningCLI):
             subclass_mode_model=True, subclass_mode_data=True,
             auto_configure_optimizers=False, args=args, run=run, **kwargs,
         )
+
+    def instantiate_classes(self) -> None:
+        """Build the components; a component that refuses its arguments is one ``error:`` line naming the key."""
+        import os
+
+        try:
+            super().instantiate_classes()
+        except (ValueError, TypeError, KeyError, FileNotFoundError) as err:
+            if os.environ.get(DEBUG_ENV):
+                raise
+            config = self.config.get(self.subcommand) if self.subcommand else self.config
+            plain = config.as_dict() if hasattr(config, "as_dict") else None
+            _write_error(instantiation_summary(str(err), plain), f"{DEBUG_ENV}=1 shows the traceback")
+            raise SystemExit(2) from None
+
+    def _check_ckpt_path(self) -> None:
+        """A bad ``--ckpt_path`` (missing, a folder, empty, truncated) is one ``error:`` line naming the path."""
+        import os
+
+        from lit_lowrank.core.safe_load import CorruptFileError, check_checkpoint_file
+
+        subcommand = self.config.get("subcommand")
+        path = (self.config.get(subcommand) or {}).get("ckpt_path") if subcommand else None
+        if not path or path in ("last", "best", "hpc", "registry") or "://" in str(path) or \
+                str(path).startswith("registry:"):
+            return
+        try:
+            check_checkpoint_file(path, param="ckpt_path")
+        except (FileNotFoundError, CorruptFileError) as err:
+            if os.environ.get(DEBUG_ENV):
+                raise
+            _write_error(f"ckpt_path: {err}", "pass the path of a checkpoint written by Trainer.save_checkpoint")
+            raise SystemExit(2) from None
+
+    def _parse_ckpt_path(self) -> None:
+        # LightningCLI reads the checkpoint's hyperparameters right after parsing: check the file first
+        self._check_ckpt_path()
+        super()._parse_ckpt_path()

@@ -115,3 +115,61 @@ def test_config_error_names_the_key_on_its_first_line(capsys, repo_root, tmp_pat
         main(["fit", "--config", str(bad)])
     first = capsys.readouterr().err.splitlines()[0]
     assert "ClassificatonModule" in first and "did you mean ClassificationModule" in first
+
+
+def _one_error_line(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err, err
+    return lines[0]
+
+
+def test_misspelt_method_kwargs_key_is_one_error_line(capsys, repo_root, tmp_path):
+    """Issue #40 finding 5: an AdapterInjector refusing its `method_kwargs` came inside an 82-line double
+    traceback; now it is one line naming the key's config path."""
+    bad = tmp_path / "bad.yaml"
+    text = (repo_root / "configs/classification/sama_digits_mlp.yaml").read_text()
+    bad.write_text(text.replace("        alpha: 8\n", "        alpha: 8\n        method_kwargs: {kron_shapee: 2}\n"))
+    with pytest.raises(SystemExit) as exit_info:
+        LitLowRankCLI(args=["--config", str(bad), "--trainer.default_root_dir", str(tmp_path)], run=False)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    line = _one_error_line(err)
+    assert line.startswith("error: trainer.callbacks[0].init_args.method_kwargs.kron_shapee: Unknown argument(s) "
+                           "['kron_shapee'] for adapter method 'sama'"), line
+    assert len(err.splitlines()) <= 2, err
+
+
+def test_component_value_error_names_its_key(capsys, repo_root, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((repo_root / "configs/classification/sama_digits_mlp.yaml").read_text().replace(
+        "        rank: 4\n", "        rank: 0\n"))
+    with pytest.raises(SystemExit):
+        LitLowRankCLI(args=["--config", str(bad), "--trainer.default_root_dir", str(tmp_path)], run=False)
+    line = _one_error_line(capsys.readouterr().err)
+    assert line.startswith("error: trainer.callbacks[0].init_args.rank: `rank`=0: expected a positive integer"), line
+
+
+@pytest.mark.parametrize("kind", ["missing", "folder", "empty", "truncated", "not_torch"])
+def test_bad_checkpoint_path_names_the_path(kind, capsys, repo_root, tmp_path):
+    """Finding 5: a truncated checkpoint gave `OSError: [Errno 22] Invalid argument` with no path."""
+    import torch
+
+    path = tmp_path / "model.ckpt"
+    if kind == "folder":
+        path.mkdir()
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "truncated":
+        torch.save({"state_dict": {"w": torch.zeros(1000)}}, path)
+        path.write_bytes(path.read_bytes()[:2000])
+    elif kind == "not_torch":
+        path.write_text("epoch: 3\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(repo_root / "configs/quickstart.yaml"), "--ckpt_path", str(path),
+              "--trainer.default_root_dir", str(tmp_path)])
+    assert exit_info.value.code == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert line.startswith("error: ckpt_path: `ckpt_path`=") and str(path) in line, line
+    assert {"missing": "does not exist", "folder": "is a folder", "empty": "is empty", "truncated": "truncated",
+            "not_torch": "not a PyTorch checkpoint"}[kind] in line

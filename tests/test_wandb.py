@@ -95,3 +95,57 @@ def test_wandb_offline_run_has_metrics_and_config(repo_root, tmp_path, monkeypat
     assert "cli" in config and "ClassificationModule" in config["cli"]
     keys = set().union(*history)
     assert "train/loss" in keys and "val/acc" in keys
+
+
+def _plain_stac_r_run(tmp_path, logger, max_steps: int = 4):
+    """A plain-Python run (no CLI): a user's module, STAC-R and an AdapterInjector, the given logger."""
+    import lightning.pytorch as pl
+
+    from lit_lowrank.adapters import AdapterInjector
+    from lit_lowrank.callbacks import STACR
+    from lit_lowrank.datamodules import DigitsDataModule
+    from tests.methods.plain import PlainUserClassifier
+
+    callbacks = [AdapterInjector(method="lora", target_modules=["head"], rank=2),
+                 STACR(rank=4, residual_density=0.05, bridge_every=2)]
+    trainer = pl.Trainer(max_steps=max_steps, logger=logger, callbacks=callbacks, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                         log_every_n_steps=1, accelerator="cpu", devices=1, default_root_dir=tmp_path)
+    trainer.fit(PlainUserClassifier(), datamodule=DigitsDataModule(batch_size=32))
+    return trainer
+
+
+def test_plain_python_wandb_run_has_the_method_entry_and_distinct_image_keys(tmp_path, monkeypatch):
+    """Issue #40 findings 2 and 3: a plain-Python WandbLogger run records which methods ran (and nothing else);
+    STAC-R's SSP figure does not share its key with the SSP scalar; one-off measurements are logged once."""
+    import json
+
+    from lightning.pytorch.loggers import WandbLogger
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    logger = WandbLogger(project="lit_lowrank_test", save_dir=str(tmp_path), log_model=False)
+    _plain_stac_r_run(tmp_path, logger)
+    logger.experiment.finish()
+    [run] = list(tmp_path.rglob("offline-run-*/run-*.wandb"))
+    config, history = _read_offline_run(run)
+    methods = json.loads(config["method"])
+    assert sorted(methods) == ["lora", "stac_r"], methods
+    assert methods["stac_r"]["rank"] == 4 and methods["lora"]["rank"] == 2
+    scalar_keys = {k for row in history for k, v in row.items() if not v.startswith("{")}
+    image_keys = {k for row in history for k, v in row.items() if '"_type": "images/separated"' in v}
+    assert "method/stac_r/ssp" in scalar_keys and "method/stac_r/ssp_figure" in image_keys, image_keys
+    assert not scalar_keys & image_keys
+
+
+def test_cli_method_entry_lists_methods_only(repo_root, tmp_path):
+    """The CLI's `method` entry named the config saver (`lit_low_rank_save_config`) a method (finding 2)."""
+    import yaml
+
+    cli = LitLowRankCLI(args=[
+        "fit", "--config", str(repo_root / "configs/classification/stac_r_digits.yaml"),
+        "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0", "--trainer.default_root_dir", str(tmp_path),
+        "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.init_args.save_dir",
+        str(tmp_path),
+    ])
+    hparams = yaml.safe_load((Path(cli.trainer.logger.log_dir) / "hparams.yaml").read_text())
+    assert list(hparams["method"]) == ["stac_r"], hparams["method"]

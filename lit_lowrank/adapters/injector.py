@@ -28,12 +28,11 @@ handed to PEFT as one exact (escaped, anchored) pattern, so PEFT adapts exactly 
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import json
 import math
 import re
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -48,6 +47,9 @@ VARIANT_FILE = "lit_lowrank_adapter.json"
 #: Weights of ``modules_to_save`` (trained whole, not adapted) written by :func:`save_adapters`.
 EXTRA_WEIGHTS_FILE = "lit_lowrank_modules_to_save.safetensors"
 _INJECT_FN = "lit_lowrank.adapters.injector.inject_adapters"
+#: Attribute of an adapted layer: ``{adapter_name: the injection record}`` (the record follows the layer, so
+#: ``save_adapters`` works on any submodule holding adapted layers).
+RECORD_ATTR = "lit_lowrank_inject_record"
 _PEFT_PREFIX = "base_model.model."
 
 
@@ -214,6 +216,7 @@ def inject_adapters(
     train_bias: bool = False,
     modules_to_save: str | Sequence[str] | None = None,
     adapter_name: str = "default",
+    submodule: str | None = None,
     **method_kwargs: Any,
 ) -> nn.Module:
     """Wrap the layers of ``model`` matching ``target_modules`` with ``method``'s adapter, in place.
@@ -235,6 +238,9 @@ def inject_adapters(
         train_bias: also train the biases of the adapted layers.
         modules_to_save: modules trained in full besides the adapters (e.g. a new classification head).
         adapter_name: PEFT adapter name.
+        submodule: inject into ``model.get_submodule(submodule)`` (e.g. ``"model"``, the transformers model inside a
+            LightningModule): targets and ``modules_to_save`` are named relative to it, and the record on ``model``
+            rebuilds it from a checkpoint.
         **method_kwargs: passed to PEFT's config (built-ins) or bound to the variant layer's constructor.
 
     Returns:
@@ -255,6 +261,10 @@ def inject_adapters(
 
     _validate(method, rank, alpha, dropout)
     check_method_kwargs(method, method_kwargs)
+    if submodule:
+        return _inject_into_submodule(model, submodule, method=method, target_modules=target_modules, rank=rank,
+                                      alpha=alpha, dropout=dropout, train_bias=train_bias,
+                                      modules_to_save=modules_to_save, adapter_name=adapter_name, **method_kwargs)
     if target_modules is None or (not isinstance(target_modules, str) and len(target_modules) == 0):
         raise ValueError("`target_modules` is required: a regex or a list of module names to adapt.")
     target = target_modules if isinstance(target_modules, str) else list(target_modules)
@@ -282,7 +292,8 @@ def inject_adapters(
     if fresh:
         exact = "^(?:" + "|".join(re.escape(n) for n, _ in fresh) + ")$"
         config = peft_config_for(method, exact, rank=rank, alpha=alpha, dropout=dropout, **method_kwargs)
-        inject_adapter_in_model(config, model, adapter_name=adapter_name)
+        with _mesh_hidden(model):
+            inject_adapter_in_model(config, model, adapter_name=adapter_name)
         for name, _ in fresh:
             layer = model.get_submodule(name)
             # tag for find_modules (its base layer is never matched again) and for the diagnostics' method name
@@ -290,16 +301,58 @@ def inject_adapters(
             layer.lit_lowrank_adapter_method = method
             layer.lit_lowrank_adapter_settings = _settings(method, rank, alpha, method_kwargs)
     _set_trainable(model, target, adapter_name, train_bias, modules_to_save)
-    if not fresh and _inject_records(model, adapter_name):
-        return model  # a repeated application: the first record already rebuilds this structure
-    record_surgery(model, method, _INJECT_FN, {
+    record = {
         "method": method, "target_modules": target, "rank": rank, "alpha": alpha, "dropout": dropout,
         "train_bias": train_bias, "adapter_name": adapter_name,
         "modules_to_save": None if modules_to_save is None else (
             modules_to_save if isinstance(modules_to_save, str) else list(modules_to_save)),
         **method_kwargs,
-    })
+    }
+    for name, _ in fresh:
+        layer = model.get_submodule(name)
+        layer.__dict__.setdefault(RECORD_ATTR, {})[adapter_name] = record
+    if not fresh and _inject_records(model, adapter_name):
+        return model  # a repeated application: the first record already rebuilds this structure
+    record_surgery(model, method, _INJECT_FN, record)
     return model
+
+
+def _inject_into_submodule(model: nn.Module, submodule: str, **kwargs: Any) -> nn.Module:
+    """:func:`inject_adapters` on ``model.get_submodule(submodule)``, recorded on ``model`` for its checkpoints."""
+    try:
+        inner = model.get_submodule(submodule)
+    except AttributeError as err:
+        children = [n for n, _ in model.named_children()]
+        raise ValueError(f"`submodule`={submodule!r} is not a submodule of {type(model).__name__}; expected one of "
+                         f"{children} (or a dotted path inside them).") from err
+    inject_adapters(inner, **kwargs)
+    record = {**kwargs, "modules_to_save": kwargs.get("modules_to_save"), "submodule": submodule}
+    if isinstance(record["modules_to_save"], tuple):
+        record["modules_to_save"] = list(record["modules_to_save"])
+    if isinstance(record["target_modules"], tuple):
+        record["target_modules"] = list(record["target_modules"])
+    record_surgery(model, kwargs["method"], _INJECT_FN, record)
+    return model
+
+
+@contextlib.contextmanager
+def _mesh_hidden(model: nn.Module) -> Iterator[None]:
+    """Hide a LightningModule's device mesh from PEFT while it injects.
+
+    Under ``ModelParallelStrategy`` (FSDP2 / tensor parallel) Lightning sets ``pl_module._device_mesh`` before the
+    callbacks' ``setup``. PEFT takes any ``_device_mesh`` on the model it injects into for a transformers
+    tensor-parallel plan and reads ``model.config``, which a LightningModule does not have (``AttributeError``).
+    Lightning's mesh is not such a plan: the user's ``configure_model`` shards the adapted layers afterwards.
+    """
+    mesh = model.__dict__.get("_device_mesh")
+    if mesh is None or hasattr(model, "config"):
+        yield
+        return
+    model.__dict__["_device_mesh"] = None
+    try:
+        yield
+    finally:
+        model.__dict__["_device_mesh"] = mesh
 
 
 def _settings(method: str, rank: int, alpha: float | None, method_kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -407,210 +460,6 @@ def _inject_records(model: nn.Module, adapter_name: str) -> list[dict[str, Any]]
             if e["apply_fn"] == _INJECT_FN and e["kwargs"].get("adapter_name", "default") == adapter_name]
 
 
-def _inject_record(model: nn.Module, adapter_name: str) -> dict[str, Any]:
-    """The first injection of ``adapter_name``, with ``modules_to_save`` of every later one added."""
-    records = _inject_records(model, adapter_name)
-    if not records:
-        raise ValueError(f"`adapter_name`={adapter_name!r}: no adapter of that name was injected by inject_adapters.")
-    record = records[0]
-    keep: list[str] = []
-    for r in records:
-        m = r.get("modules_to_save")
-        keep += [] if m is None else ([m] if isinstance(m, str) else list(m))
-    record["modules_to_save"] = keep or None
-    return record
-
-
-def write_variant_info(folder: str | Path, method: str, method_kwargs: dict[str, Any] | None = None,
-                       **inject_kwargs: Any) -> Path:
-    """Write ``lit_lowrank_adapter.json`` into a PEFT folder so :func:`load_peft_model` can re-register the variant.
-
-    Call it after ``PeftModel.save_pretrained(folder)`` when the model was built with :func:`peft_config_for`.
-
-    .. code-block:: python
-
-        peft_model.save_pretrained(folder)
-        write_variant_info(folder, "sds_lora", {"basis": "qr"})
-    """
-    path = Path(folder) / VARIANT_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"method": method, "method_kwargs": dict(method_kwargs or {}), **inject_kwargs},
-                               indent=2, sort_keys=True))
-    _mark_not_plain_lora(Path(folder), method)
-    return path
-
-
-#: ``init_lora_weights`` written into the ``adapter_config.json`` of a variant whose weights are not LoRA's.
-_VARIANT_MARK = "lit_lowrank:{method}"
-_VARIANT_MARK_TEXT = (" is a {method} adapter, not LoRA: plain PeftModel.from_pretrained would build LoRA layers and "
-                      "ignore its weights. Load it with lit_lowrank.adapters.load_peft_model(base_model, folder)")
-
-
-def _weights_are_loras(method: str) -> bool:
-    """Whether ``method``'s saved weights *are* LoRA's (``lora_A`` / ``lora_B``, LoRA's forward for inference)."""
-    if method in BUILTIN_METHODS:
-        return True
-    from peft.tuners.lora.layer import Linear as LoraLinear
-
-    return issubclass(get_variant(method), LoraLinear)
-
-
-def _mark_not_plain_lora(folder: Path, method: str) -> None:
-    """Make plain ``PeftModel.from_pretrained`` fail loudly on a variant folder whose weights are not LoRA's.
-
-    PEFT keeps the custom-module mapping on the config object, not in ``adapter_config.json``, so plain PEFT builds
-    LoRA layers, warns about missing keys, and returns the base model's outputs (issue #29). Writing an
-    ``init_lora_weights`` PEFT does not know makes its layer constructor raise ``ValueError: Unknown initialization
-    init_lora_weights='lit_lowrank:sama ... load_peft_model ...'``; :func:`load_peft_model` reads the mark back.
-    SDS-LoRA's weights are LoRA's (same forward), so its folders stay loadable as plain LoRA for inference.
-    """
-    config_path = folder / "adapter_config.json"
-    if _weights_are_loras(method) or not config_path.is_file():
-        return
-    config = json.loads(config_path.read_text())
-    mark = _VARIANT_MARK.format(method=method)
-    config["init_lora_weights"] = mark + _VARIANT_MARK_TEXT.format(method=method)
-    config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
-
-
-def _marked_method(config: Any) -> str | None:
-    """The variant named by :func:`_mark_not_plain_lora` in a loaded PEFT config (``None`` when unmarked)."""
-    init = getattr(config, "init_lora_weights", None)
-    if isinstance(init, str) and init.startswith("lit_lowrank:"):
-        return init[len("lit_lowrank:"):].split(" ", 1)[0]
-    return None
-
-
-def read_variant_info(folder: str | Path) -> dict[str, Any]:
-    """The content of ``lit_lowrank_adapter.json`` (``{}`` when the folder has none: a plain PEFT folder)."""
-    path = Path(folder) / VARIANT_FILE
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def save_adapters(model: nn.Module, folder: str | Path, adapter_name: str = "default") -> Path:
-    """Save the adapters injected into ``model`` as a PEFT folder (+ which variant built them).
-
-    The folder has PEFT's layout (``adapter_config.json``, ``adapter_model.safetensors`` with ``base_model.model.``
-    keys), so ``PeftModel.from_pretrained`` reads it through :func:`load_peft_model`; :func:`load_adapters` injects
-    it into a fresh copy of the base model in place. ``modules_to_save`` weights go to a side file.
-
-    .. code-block:: python
-
-        save_adapters(model, "out/adapter")
-        fresh = load_adapters(build_base_model(), "out/adapter")
-    """
-    from peft import get_peft_model_state_dict
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    record = _inject_record(model, adapter_name)
-    config = model.peft_config[adapter_name]
-    config.save_pretrained(str(folder))
-    state = get_peft_model_state_dict(model, adapter_name=adapter_name)
-    save_file({_PEFT_PREFIX + k: v.detach().contiguous() for k, v in state.items()},
-              str(folder / "adapter_model.safetensors"))
-    if record.get("modules_to_save"):
-        adapter_ids = {id(p) for layer in adapter_layers(model) for attr in layer.adapter_layer_names
-                       if isinstance(getattr(layer, attr, None), nn.Module) for p in getattr(layer, attr).parameters()}
-        extra = {}
-        for name, module in find_modules(model, record["modules_to_save"], param="modules_to_save"):
-            for pname, p in module.named_parameters():
-                if id(p) not in adapter_ids:
-                    # base-model names (no PEFT ``base_layer`` level): loadable before the adapters are injected
-                    extra[f"{name}.{pname}".replace(".base_layer.", ".")] = p.detach().contiguous()
-        save_file(extra, str(folder / EXTRA_WEIGHTS_FILE))
-    method = record.pop("method")
-    base_keys = ("target_modules", "rank", "alpha", "dropout", "train_bias", "adapter_name", "modules_to_save")
-    inject = {k: record.pop(k) for k in base_keys if k in record}
-    # the exact names adapted, so loading adapts the same layers whatever the pattern would match elsewhere
-    inject["target_modules"] = [n for n, _ in named_adapter_layers(model, adapter_name)]
-    write_variant_info(folder, method, record, **inject)
-    return folder
-
-
-def load_adapters(model: nn.Module, folder: str | Path, adapter_name: str | None = None,
-                  is_trainable: bool = True) -> nn.Module:
-    """Inject the adapters saved by :func:`save_adapters` into ``model`` (in place) and load their weights.
-
-    Args:
-        model: a fresh copy of the base model the adapters were trained on.
-        folder: the folder :func:`save_adapters` wrote.
-        adapter_name: name to load under (default: the saved one).
-        is_trainable: keep the adapters trainable; ``False`` freezes every parameter (inference).
-
-    .. code-block:: python
-
-        model = load_adapters(build_base_model(), "out/adapter")
-    """
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
-
-    folder = Path(folder)
-    info = read_variant_info(folder)
-    if not info:
-        raise FileNotFoundError(
-            f"`folder`={str(folder)!r} has no {VARIANT_FILE}; expected a folder written by save_adapters "
-            "(use load_peft_model for a folder written by PeftModel.save_pretrained)."
-        )
-    name = adapter_name or info.get("adapter_name", "default")
-    _load_extra(model, folder)
-    inject_adapters(model, method=info["method"], target_modules=info["target_modules"], rank=info["rank"],
-                    alpha=info.get("alpha"), dropout=info.get("dropout", 0.0), train_bias=info.get("train_bias", False),
-                    modules_to_save=info.get("modules_to_save"), adapter_name=name, **info.get("method_kwargs", {}))
-    state = load_file(str(folder / "adapter_model.safetensors"))
-    state = {k[len(_PEFT_PREFIX):] if k.startswith(_PEFT_PREFIX) else k: v for k, v in state.items()}
-    result = set_peft_model_state_dict(model, state, adapter_name=name)
-    unexpected = [k for k in result.unexpected_keys if "lora" in k or "lokr" in k]
-    if unexpected:
-        raise RuntimeError(f"Adapter weights in {str(folder)!r} do not fit the model: unexpected keys {unexpected[:5]}.")
-    if not is_trainable:
-        model.requires_grad_(False)
-    return model
-
-
-def _load_extra(model: nn.Module, folder: Path) -> None:
-    from safetensors.torch import load_file
-
-    path = folder / EXTRA_WEIGHTS_FILE
-    if path.is_file():
-        extra = load_file(str(path))
-        unknown = sorted(set(extra) - set(model.state_dict()))
-        if unknown:
-            raise RuntimeError(f"modules_to_save weights in {str(path)!r} do not fit the model: {unknown[:5]}.")
-        model.load_state_dict(extra, strict=False)
-
-
-def load_peft_model(base_model: nn.Module, folder: str | Path, method: str | None = None,
-                    is_trainable: bool = False, **method_kwargs: Any) -> Any:
-    """``PeftModel.from_pretrained`` that re-registers a variant layer first (plain PEFT folders pass through).
-
-    PEFT saves a variant's weights like LoRA's but not the custom-module mapping (it lives on the config object,
-    not in ``adapter_config.json``); this reads the variant from ``lit_lowrank_adapter.json`` (or ``method`` /
-    ``method_kwargs``) and registers it on the loaded config before the layers are built.
-
-    .. code-block:: python
-
-        peft_model = load_peft_model(base_model, "out/adapter")
-        merged = peft_model.merge_and_unload()
-    """
-    from peft import PeftConfig, PeftModel
-
-    info = read_variant_info(folder)
-    config = PeftConfig.from_pretrained(str(folder))
-    marked = _marked_method(config)
-    if marked is not None:
-        config.init_lora_weights = True  # the variant layer initialises itself; the weights are loaded next
-    method = method or info.get("method") or marked
-    kwargs = {**info.get("method_kwargs", {}), **method_kwargs}
-    _load_extra(base_model, Path(folder))
-    if method is not None and method not in BUILTIN_METHODS:
-        layer_cls = get_variant(method)
-        factory = functools.partial(layer_cls, **kwargs) if kwargs else layer_cls
-        config._register_custom_module({base: factory for base in _supported_types(method)})
-    return PeftModel.from_pretrained(base_model, str(folder), config=config, is_trainable=is_trainable)
-
-
 # ---------------------------------------------------------------- the callback
 
 
@@ -625,8 +474,9 @@ class AdapterInjector(pl.Callback):
     one line). The callback holds no state of its own: its arguments are its whole configuration.
 
     Args:
-        method, target_modules, rank, alpha, dropout, train_bias, modules_to_save, adapter_name: as in
-            :func:`inject_adapters`.
+        method, target_modules, rank, alpha, dropout, train_bias, modules_to_save, adapter_name, submodule: as in
+            :func:`inject_adapters`. With ``submodule="model"`` targets are named inside ``pl_module.model``; either
+            way ``save_adapters(pl_module.model, folder)`` writes a folder that loads into a bare copy of that model.
         method_kwargs: the method's own arguments (YAML-friendly form); ``**kwargs`` are merged into it.
 
     .. code-block:: python
@@ -647,6 +497,7 @@ class AdapterInjector(pl.Callback):
         modules_to_save: str | list[str] | None = None,
         adapter_name: str = "default",
         method_kwargs: dict[str, Any] | None = None,
+        submodule: str | None = None,
         **kwargs: Any,
     ) -> None:
         _validate(method, rank, alpha, dropout)
@@ -654,7 +505,7 @@ class AdapterInjector(pl.Callback):
             raise ValueError("`target_modules` is required: a regex or a list of module names to adapt.")
         self.method, self.target_modules, self.rank, self.alpha = method, target_modules, rank, alpha
         self.dropout, self.train_bias, self.modules_to_save = dropout, train_bias, modules_to_save
-        self.adapter_name = adapter_name
+        self.adapter_name, self.submodule = adapter_name, submodule
         self.method_kwargs = {**(method_kwargs or {}), **kwargs}
         check_method_kwargs(method, self.method_kwargs)
 
@@ -663,11 +514,28 @@ class AdapterInjector(pl.Callback):
         return self._generate_state_key(method=self.method, adapter_name=self.adapter_name)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        from lit_lowrank.core.strategy import check_strategy
+
+        check_strategy(trainer, pl_module)  # before any surgery: a strategy a component of the run cannot support
+        from lit_lowrank.core.method_entry import log_method_entry
+
+        log_method_entry(trainer, pl_module)
         inject_adapters(pl_module, method=self.method, target_modules=self.target_modules, rank=self.rank,
                         alpha=self.alpha, dropout=self.dropout, train_bias=self.train_bias,
-                        modules_to_save=self.modules_to_save, adapter_name=self.adapter_name, **self.method_kwargs)
+                        modules_to_save=self.modules_to_save, adapter_name=self.adapter_name,
+                        submodule=self.submodule, **self.method_kwargs)
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            checkpoint: dict[str, Any]) -> None:
         # a user's module may not write the records itself; writing them twice is harmless (same list)
         save_surgery(pl_module, checkpoint)
+
+
+# the save / load half lives in portable.py; its public names stay importable from here
+from lit_lowrank.adapters.portable import (  # noqa: E402
+    load_adapters,
+    load_peft_model,
+    read_variant_info,
+    save_adapters,
+    write_variant_info,
+)

@@ -128,14 +128,16 @@ class PoLARLanding(Callback):
     ε-region is moved back along its own step to the largest fraction ``t ∈ {1, ½, ¼, …}`` that stays inside
     (:func:`~lit_lowrank.ops.polar.shorten_to_safe_region`) — still no retraction, and a no-op while steps are safe.
 
-    Diagnostics every ``log_every_n_steps`` optimizer steps under ``method/polar/``: ``orthogonality_error_{x,y}_max``
+    Diagnostics every ``log_every_n_steps`` optimizer steps (default: the Trainer's ``log_every_n_steps``, so they
+    appear when the run's other metrics do) under ``method/polar/``: ``orthogonality_error_{x,y}_max``
     / ``_mean``, ``stable_rank_mean`` (of ΔW), and with the safeguard ``safe_step_fraction`` (mean ``t`` over
     factors, 1 = never shortened).
 
     Args:
         lam: landing attraction ``λ >= 0``.
         safe_radius: ε of the safeguard, or ``None`` (default) for no safeguard.
-        log_every_n_steps: diagnostics period in optimizer steps (0 = never).
+        log_every_n_steps: diagnostics period in optimizer steps; ``None`` (default): the Trainer's
+            ``log_every_n_steps``; 0 = never.
 
     Raises:
         ValueError: on a negative ``lam``, a non-positive ``safe_radius``, or (at ``on_train_start``) a model
@@ -148,16 +150,20 @@ class PoLARLanding(Callback):
     """
 
     method_name = "polar"
+    #: its key in the run's ``method`` entry (``polar`` is the adapter injected by ``AdapterInjector``)
+    method_entry_name = "polar_landing"
 
-    def __init__(self, lam: float = 1.0, safe_radius: Optional[float] = None, log_every_n_steps: int = 50) -> None:
+    def __init__(self, lam: float = 1.0, safe_radius: Optional[float] = None,
+                 log_every_n_steps: Optional[int] = None) -> None:
         super().__init__()
         if not (isinstance(lam, (int, float)) and 0.0 <= lam < float("inf")):
             raise ValueError(f"`lam`={lam!r}: expected a finite number >= 0 (the landing attraction weight).")
         if safe_radius is not None and not (isinstance(safe_radius, (int, float)) and safe_radius > 0):
             raise ValueError(f"`safe_radius`={safe_radius!r}: expected None or a number > 0 (radius ε of the safe "
                              "region ‖XᵀX − I‖_F <= ε).")
-        if not isinstance(log_every_n_steps, int) or log_every_n_steps < 0:
-            raise ValueError(f"`log_every_n_steps`={log_every_n_steps!r}: expected an integer >= 0.")
+        if log_every_n_steps is not None and (not isinstance(log_every_n_steps, int) or log_every_n_steps < 0):
+            raise ValueError(f"`log_every_n_steps`={log_every_n_steps!r}: expected None (the Trainer's) or an "
+                             "integer >= 0.")
         self.lam = float(lam)
         self.safe_radius = None if safe_radius is None else float(safe_radius)
         self.log_every_n_steps = log_every_n_steps
@@ -197,7 +203,8 @@ class PoLARLanding(Callback):
     def on_train_batch_end(
         self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if not self.log_every_n_steps or trainer.global_step % self.log_every_n_steps:
+        every = trainer.log_every_n_steps if self.log_every_n_steps is None else self.log_every_n_steps
+        if not every or trainer.global_step % every:
             return
         for name, value in polar_diagnostics(pl_module).items():
             if name != "layers":

@@ -14,10 +14,13 @@ Each training step (``on_loss``):
    crop ("local") embeddings of the current adapted image tower (no gradient);
 2. the :class:`~lit_lowrank.models.graph_teacher.HeteroGraphTeacher` scores it: class cosines (global
    node vs text nodes) and patch–patch / patch–text relations;
-3. the loss becomes ``CE + λ_t·CE_teacher + λ_s·relation distillation + λ_p·PPA``. ``CE_teacher`` is
+3. the loss becomes ``CE + λ_t·CE_teacher + λ_k·KD + λ_s·relation distillation + λ_p·PPA``. ``CE_teacher`` is
    the teacher's cross-entropy on ``exp(logit_scale)·cosines``: it trains the teacher *and*, through
    the graph, reaches the shared LoRA weights of both towers — the abstract's implicit distillation
-   "into the shared CLIP-LoRA backbone". Relation distillation is the row-wise KL from the teacher's
+   "into the shared CLIP-LoRA backbone". ``KD`` is Hinton's distillation of the teacher's (detached)
+   logits into the student's deployed logit path ``s·f·Wcᵀ`` (``outputs["logits"]``, what the
+   exported classifier computes before its cache), ``τ_k²·KL(softmax(z_t/τ_k) ‖ softmax(z_s/τ_k))``.
+   Relation distillation is the row-wise KL from the teacher's
    (detached) relations to the student's; PPA is ``KL(softmax(f Pᵀ/τ) ‖ softmax(cos_t/τ))`` with ``P``
    the support-set class prototypes of the student's embeddings (a running mean over batches) and
    ``cos_t`` the teacher's cosines (detached): one scale per side, ``1/τ``.
@@ -35,7 +38,7 @@ teacher_online=False``.
 
 Module protocol: ``frozen_graph_inputs(x, crops, frozen) -> {"patches", "global", "local", "text"}`` (and
 optionally ``crop_embeddings(x, crops, frozen) -> (B, K, D)``, so a step needs no other extra forward) and
-step ``outputs`` with ``features (B, D)`` (L2-normalised image embeddings),
+step ``outputs`` with ``logits (B, C)`` (the deployed ``s·f·Wcᵀ`` logits), ``features (B, D)`` (L2-normalised image embeddings),
 ``patch_features (B, P, D)`` and ``text_features (C, D)``; the datamodule may offer
 ``support_dataloader()`` (else ``train_dataloader()`` is used for the warm-up).
 
@@ -63,6 +66,7 @@ from lit_lowrank.core.loss_hooks import MethodCallback, require_outputs
 from lit_lowrank.models.graph_teacher import HeteroGraphTeacher
 from lit_lowrank.ops.sd_lora import (
     build_hetero_graph,
+    logit_distillation_loss,
     prototype_predictive_alignment,
     quadrant_crop_mask,
     relation_agreement,
@@ -70,7 +74,7 @@ from lit_lowrank.ops.sd_lora import (
     relation_matrices,
 )
 
-_NEEDED = ("features", "patch_features", "text_features")
+_NEEDED = ("logits", "features", "patch_features", "text_features")
 TEACHER_INPUTS = ("adapted", "frozen")
 GRAPH_STRUCTURES = ("knn", "shuffled")
 
@@ -90,6 +94,9 @@ class SDLoRA(MethodCallback):
             trains the teacher).
         lambda_relation: weight ``λ_s`` of the relation distillation loss.
         lambda_ppa: weight ``λ_p`` of the PPA loss.
+        lambda_logit: weight ``λ_k`` of the distillation of the teacher's logits into the student's
+            deployed logits ``outputs["logits"]`` (0: the teacher reaches the student only through the graph).
+        tau_logit: temperature ``τ_k`` of that distillation.
         tau_relation: temperature of the row-softmaxed relations (teacher and student).
         tau_ppa: temperature ``τ`` of both PPA softmaxes (both sides are cosines).
         patch_k: nearest patches each patch node receives edges from.
@@ -104,7 +111,7 @@ class SDLoRA(MethodCallback):
         graph_structure: ``"knn"`` or ``"shuffled"`` (control: random edges, same counts).
         seed: random source of the ``"shuffled"`` graphs.
 
-    Diagnostics (``method/sd_lora/...``): ``teacher_loss``, ``teacher_acc``, ``relation_loss``,
+    Diagnostics (``method/sd_lora/...``): ``teacher_loss``, ``teacher_acc``, ``logit_kd_loss``, ``relation_loss``,
     ``ppa_loss``, ``ppa_target_entropy`` (nats; ``log C`` is uniform), ``agreement_patch_text`` and
     ``agreement_patch_patch`` (mean histogram intersection of teacher and student relation rows).
 
@@ -117,16 +124,18 @@ class SDLoRA(MethodCallback):
     method_name = "sd_lora"
 
     def __init__(self, lambda_teacher: float = 1.0, lambda_relation: float = 1.0, lambda_ppa: float = 1.0,
-                 tau_relation: float = 0.1, tau_ppa: float = 0.1, patch_k: int = 4, crops: int = 4,
+                 lambda_logit: float = 1.0, tau_logit: float = 2.0, tau_relation: float = 0.1, tau_ppa: float = 0.1, patch_k: int = 4, crops: int = 4,
                  teacher_layers: int = 2, teacher_heads: int = 4, teacher_lr: float = 1e-3,
                  teacher_warmup_steps: int = 100, teacher_online: bool = True, prototype_momentum: float = 0.5,
                  teacher_inputs: str = "adapted", graph_structure: str = "knn", seed: int = 0) -> None:
         super().__init__()
         for name, value in (("lambda_teacher", lambda_teacher), ("lambda_relation", lambda_relation),
-                            ("lambda_ppa", lambda_ppa), ("teacher_warmup_steps", teacher_warmup_steps)):
+                            ("lambda_ppa", lambda_ppa), ("lambda_logit", lambda_logit),
+                            ("teacher_warmup_steps", teacher_warmup_steps)):
             if value < 0:
                 raise ValueError(f"`{name}`={value}, expected >= 0.")
-        for name, value in (("tau_relation", tau_relation), ("tau_ppa", tau_ppa), ("teacher_lr", teacher_lr)):
+        for name, value in (("tau_relation", tau_relation), ("tau_ppa", tau_ppa), ("tau_logit", tau_logit),
+                            ("teacher_lr", teacher_lr)):
             if value <= 0:
                 raise ValueError(f"`{name}`={value}, expected > 0.")
         if teacher_inputs not in TEACHER_INPUTS:
@@ -138,6 +147,7 @@ class SDLoRA(MethodCallback):
         quadrant_crop_mask(2, crops)  # validates `crops`
         self.lambda_teacher, self.lambda_relation, self.lambda_ppa = lambda_teacher, lambda_relation, lambda_ppa
         self.tau_relation, self.tau_ppa = tau_relation, tau_ppa
+        self.lambda_logit, self.tau_logit = lambda_logit, tau_logit
         self.patch_k, self.crops = patch_k, crops
         self.teacher_layers, self.teacher_heads = teacher_layers, teacher_heads
         self.teacher_lr, self.teacher_warmup_steps = teacher_lr, teacher_warmup_steps
@@ -270,17 +280,21 @@ class SDLoRA(MethodCallback):
         self.teacher.train(self.teacher_online)
         teacher = self._teacher_forward(self._step_inputs(pl_module, x, outputs))
         cosines = teacher["cosines"]
-        teacher_loss = F.cross_entropy(self.teacher.logits(cosines), y)
+        teacher_logits = self.teacher.logits(cosines)
+        teacher_loss = F.cross_entropy(teacher_logits, y)
+        logit_kd = logit_distillation_loss(outputs["logits"], teacher_logits, self.tau_logit)
         features = F.normalize(outputs["features"], dim=-1)
         text = outputs["text_features"]
         student = relation_matrices(outputs["patch_features"], text, self.tau_relation)
         relation = relation_distillation_loss((teacher["patch_patch"], teacher["patch_text"]), student)
         prototypes = self._update_prototypes(features, y, text.shape[0])
         ppa = prototype_predictive_alignment(features, prototypes, cosines, self.tau_ppa)
-        for name, value in (("teacher_loss", teacher_loss), ("relation_loss", relation), ("ppa_loss", ppa),
+        for name, value in (("teacher_loss", teacher_loss), ("logit_kd_loss", logit_kd), ("relation_loss", relation),
+                            ("ppa_loss", ppa),
                             ("ppa_target_entropy", target_entropy(cosines, self.tau_ppa)),
                             ("teacher_acc", (cosines.argmax(-1) == y).float().mean()),
                             ("agreement_patch_text", relation_agreement(teacher["patch_text"], student[1])),
                             ("agreement_patch_patch", relation_agreement(teacher["patch_patch"], student[0]))):
             self.log_method(pl_module, name, value.detach())
-        return loss + self.lambda_teacher * teacher_loss + self.lambda_relation * relation + self.lambda_ppa * ppa
+        return (loss + self.lambda_teacher * teacher_loss + self.lambda_logit * logit_kd
+                + self.lambda_relation * relation + self.lambda_ppa * ppa)

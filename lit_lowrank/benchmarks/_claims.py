@@ -2,7 +2,7 @@
 
 A claim is computed from per-unit measurements (seeds, splits, episodes, prompts,
 noise draws, interleaved timing repeats) taken on the *same* units for every method
-compared. Its verdict is three-valued:
+compared. Its verdict is one of four:
 
 - ``holds``: the whole CI lies on the claimed side of ``target``;
 - ``fails``: the whole CI lies on the wrong side;

@@ -29,7 +29,8 @@ from typing import Any
 
 PACKAGE = Path(__file__).resolve().parents[1]
 # Presentation only: they print and tabulate results, never change one.
-_PRESENTATION = {"lit_lowrank/cli.py", "lit_lowrank/benchmarks/_tables.py", "lit_lowrank/benchmarks/_provenance.py"}
+_PRESENTATION = {"lit_lowrank/cli.py", "lit_lowrank/benchmarks/_tables.py", "lit_lowrank/benchmarks/_provenance.py",
+                 "lit_lowrank/benchmarks/_progress.py", "lit_lowrank/benchmarks/_figures.py"}
 
 #: Source files imported by worker processes (filled by ``_workers``), merged into the run's record.
 WORKER_SOURCES: set[str] = set()

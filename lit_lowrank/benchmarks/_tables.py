@@ -8,13 +8,16 @@ full run, where one was made). Markdown files carry generated blocks between mar
 - any ``docs/**/*.md``: ``<!-- results:NAME:start -->`` ... ``<!-- results:NAME:end -->``,
   the claims, controls and rows of benchmark ``NAME``.
 
-``lit-lowrank bench --table`` rewrites the blocks; ``--table --check`` only reports which
-differ (a test runs it, so numbers in the docs cannot drift from what ran).
+Every result also gets its picture, ``docs/results/<name>.png`` (:mod:`._figures`), linked from
+its card's block. ``lit-lowrank bench --table`` rewrites the blocks and redraws stale figures;
+``--table --check`` only reports which differ (a test runs it, so numbers and pictures in the
+docs cannot drift from what ran).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -113,9 +116,12 @@ def _run_line(name: str, p: dict[str, Any]) -> str:
             f"{fmt(p.get('seconds'))} s, seed {p.get('seed', 0)}, {at}. Do not edit by hand.*")
 
 
-def card_block(name: str, payload: dict[str, Any]) -> str:
-    """The generated markdown of one benchmark run: claims, controls, validity, rows."""
+def card_block(name: str, payload: dict[str, Any], figures: Sequence[str] = ()) -> str:
+    """The generated markdown of one benchmark run: claims, controls, validity, rows (and its figures' links)."""
     lines = [_run_line(name, payload), ""]
+    lines += [f"![{name}: {'claims' if i == 0 else 'rows'}]({f})" for i, f in enumerate(figures)]
+    if figures:
+        lines.append("")
     if not payload.get("valid", False):
         reasons = payload.get("invalid_reasons") or ["not run under the claims protocol"]
         lines += [f"**Invalid run**: {'; '.join(fmt(r) for r in reasons)}.", ""]
@@ -155,26 +161,44 @@ def readme_table(results: dict[str, dict[str, Any]], root: Path | None = None) -
     return "\n".join(lines)
 
 
-def _replace_blocks(text: str, results: dict[str, dict[str, Any]], where: Path) -> str:
+def _replace_blocks(text: str, results: dict[str, dict[str, Any]], where: Path, root: Path) -> str:
+    from lit_lowrank.benchmarks._figures import figure_paths
+
     def sub(m: re.Match[str]) -> str:
         name = m.group("name")
         if name not in results:
             raise FileNotFoundError(f"{where}: a results block names {name!r} but docs/results/{name}.json "
                                     "does not exist.")
-        return f"<!-- results:{name}:start -->\n{card_block(name, results[name])}\n<!-- results:{name}:end -->"
+        pngs = [p for i, p in enumerate(figure_paths(root, name)) if i == 0 or p.exists()]
+        links = [os.path.relpath(p, where.parent).replace(os.sep, "/") for p in pngs]
+        block = card_block(name, results[name], links)
+        return f"<!-- results:{name}:start -->\n{block}\n<!-- results:{name}:end -->"
 
     return _BLOCK.sub(sub, text)
 
 
-def sync_tables(root: Path, check: bool = False) -> list[str]:
-    """Rewrite (or, with ``check``, only compare) every generated block; return the files that differ."""
-    results = load_results(root)
+def sync_figures(root: Path, results: dict[str, dict[str, Any]], check: bool = False) -> list[str]:
+    """Draw (or, with ``check``, only list) the figures not drawn from today's ``docs/results`` JSON."""
+    from lit_lowrank.benchmarks._figures import figure_paths, figures_current, write_figures
+
     changed = []
+    for name, payload in results.items():
+        if not figures_current(root, name, payload):
+            changed.append(str(figure_paths(root, name)[0].relative_to(root)))
+            if not check:
+                write_figures(root, name, payload)
+    return changed
+
+
+def sync_tables(root: Path, check: bool = False) -> list[str]:
+    """Rewrite (or, with ``check``, only compare) every generated block and figure; return what differs."""
+    results = load_results(root)
+    changed = sync_figures(root, results, check)
     readme = root / "README.md"
     files = [readme, *sorted((root / "docs").rglob("*.md"))]
     for path in files:
         text = path.read_text()
-        new = _replace_blocks(text, results, path)
+        new = _replace_blocks(text, results, path, root)
         if path == readme:
             if README_START not in new or README_END not in new:
                 raise ValueError(f"{path} lacks the {README_START} / {README_END} markers.")

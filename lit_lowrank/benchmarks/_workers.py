@@ -22,7 +22,10 @@ from typing import Any
 def _one_thread() -> None:
     import torch
 
+    from lit_lowrank.benchmarks._progress import detach
+
     torch.set_num_threads(1)
+    detach()
 
 
 def _call(packed: tuple[Callable[..., Any], tuple[Any, ...]]) -> tuple[Any, set[str]]:
@@ -47,13 +50,23 @@ def map_jobs(fn: Callable[..., Any], jobs: Sequence[tuple[Any, ...]], processes:
 
     With one process (or one job, or no ``fork`` on the platform) it runs in this process.
     """
-    processes = workers() if processes is None else processes
-    if processes <= 1 or len(jobs) <= 1 or "fork" not in multiprocessing.get_all_start_methods():
-        return [fn(*job) for job in jobs]
+    from lit_lowrank.benchmarks._progress import stage
     from lit_lowrank.benchmarks._provenance import WORKER_SOURCES
 
-    with multiprocessing.get_context("fork").Pool(processes, initializer=_one_thread) as pool:
-        done = pool.map(_call, [(fn, tuple(job)) for job in jobs], chunksize=1)
+    processes = workers() if processes is None else processes
+    name = getattr(fn, "__name__", "jobs")
+    with stage(f"{name} ({len(jobs)} jobs)", total=len(jobs)) as tick:
+        if processes <= 1 or len(jobs) <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+            out = []
+            for job in jobs:
+                out.append(fn(*job))
+                tick()
+            return out
+        with multiprocessing.get_context("fork").Pool(processes, initializer=_one_thread) as pool:
+            done = []
+            for item in pool.imap(_call, [(fn, tuple(job)) for job in jobs], chunksize=1):
+                done.append(item)
+                tick()
     for _, sources in done:
         WORKER_SOURCES.update(sources)
     return [result for result, _ in done]

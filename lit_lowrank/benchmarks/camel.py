@@ -28,13 +28,21 @@ Claims (the paper: unfamiliar yet learnable; outside the vanilla basin at any sa
 recognisable as the prompt's class), each over the paired concepts with a 95% CI: CAMEL's L_K
 below novelty-only's **at matched L₀** (novelty's L_K interpolated along its radius sweep at
 CAMEL's L₀, averaged over radii); CAMEL's reward above a random move of the same size; CAMEL's
-basin distance above the vanilla spread at the largest bank, and its basin ratio *growing* as the
-bank densifies (smallest → largest bank: "at any sample count"); CAMEL's recognition rate within
-0.1 of vanilla's. Controls (must not hold): random draw B vs the random-A sweep at matched L₀, a
-second vanilla seed set outside the vanilla basin and its basin ratio growing with the bank
-(nulls), and CAMEL's samples scored as the *wrong* class (c + 1) against vanilla's recognition
-(the observer must tell the classes apart). ``matched_lk_gap`` and ``basin_growth`` are tested
-bookkeeping.
+basin distance above the vanilla spread at the largest bank *and above a same-radius random
+move's*; its basin ratio *growing* as the bank densifies (smallest → largest bank: "at any sample
+count"), also faster than a random move's; CAMEL's recognition rate within 0.1 of vanilla's; and
+(not in the abstract) CAMEL keeping ≥ 90% of vanilla's within-concept sample diversity (mean
+pairwise distance, :func:`~lit_lowrank.ops.camel.sample_diversity`): learnability bought by
+collapse is not the paper's. **Competitors**: every claim is recomputed with the second random
+move (draw B) of the same radius in CAMEL's place. **Premises**: novelty-only (the objective
+that pushes hardest) reaches unfamiliar concepts, rewards above a random move's and samples
+outside the basin; CAMEL's in-sample reward (on its optimisation seeds: an upper bound) beats a
+random move's; the observer recognises vanilla samples; the diversity metric's own noise (a
+second vanilla seed set) stays within the claim's 10% margin. Controls (must not hold): random draw B vs the
+random-A sweep at matched L₀, a second vanilla seed set outside the vanilla basin, its basin
+ratio growing with the bank, its diversity 11% above the first's (nulls), and CAMEL's samples
+scored as the *wrong* class (c + 1) against vanilla's recognition (the observer must tell the
+classes apart). ``matched_lk_gap`` and ``basin_growth`` are tested bookkeeping.
 """
 
 from __future__ import annotations
@@ -50,9 +58,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, paired, per_unit
+from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, competitor, paired, per_unit, premise
 from lit_lowrank.models.autoencoder import MLPAutoencoder
-from lit_lowrank.ops.camel import basin_distance
+from lit_lowrank.ops.camel import basin_distance, sample_diversity
 from lit_lowrank.tasks.camel import CAMELModule
 from lit_lowrank.tasks.diffusion import DiffusionModule
 
@@ -65,6 +73,10 @@ RADII = (0.3, 0.6, 0.9)
 RECOGNITION_WEIGHT, RECOGNITION_MARGIN = 0.1, 2.0
 #: Non-inferiority margin of the recognisability claim (fraction of samples).
 RECOGNITION_TOLERANCE = 0.1
+#: Non-inferiority margin of the diversity claim: CAMEL keeps >= this fraction of vanilla's within-concept spread.
+DIVERSITY_KEPT = 0.9
+#: The diversity metric's own noise (a second vanilla seed set) must stay within the claim's margin (log ratio).
+DIVERSITY_NOISE = float(-np.log(DIVERSITY_KEPT))
 #: Adam step of the concepts: ~10% of ‖e_c‖ per step at most, so every radius of the sweep is reachable
 CONCEPT_LR = 0.1
 PAPER_LEARNABLE = ("the generation of concepts that are initially unfamiliar yet rapidly learnable to an adaptive "
@@ -72,6 +84,8 @@ PAPER_LEARNABLE = ("the generation of concepts that are initially unfamiliar yet
 PAPER_BASIN = ("CAMEL produces outputs that lie outside the basin reachable by vanilla diffusion sampling at any "
                "sample count")
 PAPER_RECOGNISED = "while remaining recognizable as the prompt's class to an off-the-shelf observer"
+PAPER_DIVERSE = ("(not in the abstract; a created concept is a class of images, not one image: its samples should "
+                 "vary as much as a vanilla class's)")
 
 
 def _digits() -> tuple[Tensor, Tensor]:
@@ -184,7 +198,8 @@ def _evaluate(module: CAMELModule, z: Tensor, train: Tensor, heldout: Tensor, ob
     for i, c in enumerate(classes):
         row = {"l0": float(terms["l0"][i]), "lk": float(terms["lk"][i]), "reward": float(terms["reward"][i]),
                "recognised": float(np.mean(predicted[i] == c)),
-               "recognised_wrong": float(np.mean(predicted[i] == (c + 1) % 10)), "shift": float(shift[i])}
+               "recognised_wrong": float(np.mean(predicted[i] == (c + 1) % 10)), "shift": float(shift[i]),
+               "diversity": float(sample_diversity(samples[i]))}
         for size in bank_sizes:
             row[f"basin_dist_{size}"] = float(basin_distance(samples[i], bank[i, :size]).mean())
         row["basin_dist"] = row[f"basin_dist_{bank_sizes[-1]}"]
@@ -285,10 +300,21 @@ def run(quick: bool = True, seed: int = 0) -> BenchmarkResult:
         for method, zs in concepts.items():
             for radius, z in zip(RADII, zs):
                 add(method, radius, z, sets["class_embedding"])
+        # the reward on the optimisation seeds themselves (in-sample): an upper bound of what CAMEL can
+        # reach on fresh seeds, against a random move's on the same seeds (the reward premise)
+        for method in ("camel", "random"):
+            with torch.no_grad():
+                terms = module.objective_terms(concepts[method][-1], module.train_noise, module.heldout_noise,
+                                               first_order=True)
+            for c, value in zip(classes, terms["reward"].tolist()):
+                row = next(r for r in rows if r["method"] == method and r["radius"] == RADII[-1]
+                           and r["unit"] == f"{s}/{c}")
+                row["reward_insample"] = round(float(value), 6)
 
-    claims, controls = _claims(rows)
+    claims, controls, premises, competitors = _claims(rows)
     summary = _summary(rows, bank_sizes)
-    return BenchmarkResult(rows, claims, controls, summary=summary, notes={
+    return BenchmarkResult(rows, claims, controls, summary=summary, premises=premises, competitors=competitors,
+                           notes={"diversity_vs_lk": _diversity_vs_lk(rows),
         "creator": f"UNet2DModel (16, 32) channels, {creator_steps} AdamW steps, batch 128, eps-prediction, cached",
         "units": f"{len(seeds)} seeds x {len(classes)} prompt classes {classes} = {len(seeds) * len(classes)} concepts",
         "sweep": f"trust-region radii {list(RADII)}, {steps} Adam steps (lr {CONCEPT_LR}) per radius, continuation",
@@ -300,67 +326,164 @@ def run(quick: bool = True, seed: int = 0) -> BenchmarkResult:
     })
 
 
-def _claims(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+
+
+def _ratio_growth(rows: list[dict[str, Any]], a: dict[str, Any], b: dict[str, Any], small: int,
+                  big: int) -> tuple[list[float], list[Any]]:
+    """Per unit, basin growth of ``a`` over that of ``b`` (> 1: ``a`` leaves the basin faster as it densifies)."""
+    ga, ua = basin_growth(rows, a, small, big)
+    gb, ub = basin_growth(rows, b, small, big)
+    if ua != ub:
+        raise ValueError(f"unpaired basin growth: {a} has units {ua}, {b} has {ub}.")
+    return [x / y for x, y in zip(ga, gb)], ua
+
+
+def _diversity_vs_lk(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Across the top-radius concepts, the correlation of L_K with within-concept diversity (per method)."""
     top = RADII[-1]
-    gap, units = matched_lk_gap(rows, "camel", "novelty", RADII)
-    null_gap, null_units = matched_lk_gap(rows, "random_b", "random", RADII)
-    r_camel, r_random, u_r = paired(rows, "reward", {"method": "camel", "radius": top},
-                                    {"method": "random", "radius": top}, unit="unit")
-    b_camel, b_vanilla, u_b = paired(rows, "basin_dist", {"method": "camel", "radius": top},
-                                     {"method": "class_embedding"}, unit="unit")
-    b_null, b_vanilla_1, u_bn = paired(rows, "basin_dist", {"method": "class_embedding_2"},
-                                       {"method": "class_embedding"}, unit="unit")
-    rec_camel, rec_vanilla, u_rec = paired(rows, "recognised", {"method": "camel", "radius": top},
-                                           {"method": "class_embedding"}, unit="unit")
-    # the wrong-class rate of CAMEL's samples against vanilla's (right-class) recognition rate
-    wrong_by = per_unit(rows, "recognised_wrong", "unit", method="camel", radius=top)
-    right_by = per_unit(rows, "recognised", "unit", method="class_embedding")
-    u_w = sorted(wrong_by, key=str)
-    wrong, rec_vanilla_w = [wrong_by[u] for u in u_w], [right_by[u] for u in u_w]
+    out = {}
+    for method in ("camel", "random", "novelty"):
+        sel = [r for r in rows if r["method"] == method and r["radius"] == top]
+        if len(sel) >= 3:
+            out[f"pearson_r({method})"] = round(float(np.corrcoef([r["diversity"] for r in sel],
+                                                                   [r["lk"] for r in sel])[0, 1]), 3)
+    vanilla = [r for r in rows if r["method"] == "class_embedding"]
+    out["pearson_r(vanilla)"] = round(float(np.corrcoef([r["diversity"] for r in vanilla],
+                                                        [r["lk"] for r in vanilla])[0, 1]), 3)
+    return out
+
+
+def _claims(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], ...]:
+    """Claims, controls, premises and competitors; every claim has a same-radius random move in CAMEL's place."""
+    top = RADII[-1]
+    at_top = {"radius": top}
+    camel, rand, rand_b = ({"method": m, **at_top} for m in ("camel", "random", "random_b"))
+    vanilla, vanilla_2 = {"method": "class_embedding"}, {"method": "class_embedding_2"}
     sizes = sorted(int(k.split("_")[-1]) for k in rows[0] if k.startswith("basin_dist_"))
     bank = sizes[-1]
+    kw: dict[str, Any] = {"unit": "concept"}
 
-    g_camel, u_g = basin_growth(rows, {"method": "camel", "radius": top}, sizes[0], bank)
-    g_null, u_gn = basin_growth(rows, {"method": "class_embedding_2"}, sizes[0], bank)
+    def pair(metric: str, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+        va, vb, units = paired(rows, metric, a, b, unit="unit")
+        return {"values": va, "baseline": vb, "units": units, **kw}
+
     q_matched = "mean over radii of L_K(A, r) - L_K(B sweep interpolated at L0(A, r)), reconstruction MSE"
-    q_basin = f"mean NN distance to {bank} vanilla samples of the class, ratio to the vanilla spread (fresh seeds)"
-    q_rec = "fraction of samples the logistic-regression observer labels as the prompt class, CAMEL - vanilla"
+    q_basin = f"mean NN distance to {bank} vanilla samples of the class, ratio A / B (fresh seeds)"
+    q_growth = f"basin ratio at {bank} / basin ratio at {sizes[0]} vanilla samples"
+    q_rec = "fraction of samples the logistic-regression observer labels as the prompt class, A - vanilla"
+    q_div = "mean pairwise distance between a concept's samples (fresh seeds), ratio A / vanilla"
+
+    def gap(method: str, reference: str) -> dict[str, Any]:
+        values, units = matched_lk_gap(rows, method, reference, RADII)
+        return {"values": values, "units": units, **kw}
+
+    def growth(a: dict[str, Any], b: dict[str, Any] | None = None) -> dict[str, Any]:
+        values, units = (_ratio_growth(rows, a, b, sizes[0], bank) if b is not None
+                         else basin_growth(rows, a, sizes[0], bank))
+        return {"values": values, "units": units, "compare": "ratio", **kw}
+
+    recognised = per_unit(rows, "recognised", "unit", **vanilla)
+    div_noise = pair("diversity", vanilla_2, vanilla)
+    div_noise["values"] = np.log(np.array(div_noise.pop("values")) / np.array(div_noise.pop("baseline"))).tolist()
+    premises = [
+        premise("unfamiliar_room", f"the trust region reaches unfamiliar concepts: novelty-only's L0 at r = {top} "
+                "above vanilla's", needs="concepts whose samples the Appraiser reconstructs worse than the class's",
+                quantity="L0(novelty, r_max) / L0(vanilla), ratio", compare="ratio", target=1.0, op=">",
+                **pair("l0", {"method": "novelty", **at_top}, vanilla)),
+        premise("reward_room", f"the reward can rise above a random move's: CAMEL's in-sample reward (on its own "
+                f"optimisation seeds) above the same-radius random move's at r = {top}",
+                needs="room for R = L0 - L_K to rise above a random concept's (an in-sample upper bound)",
+                quantity="R on the optimisation seeds, camel - random", target=0.0, op=">",
+                **pair("reward_insample", camel, rand)),
+        premise("basin_room", f"the trust region lets a concept leave the vanilla basin: novelty-only's basin ratio "
+                f"at r = {top} above 1", needs="concepts whose samples lie away from every vanilla sample",
+                quantity=q_basin.replace("A / B", "novelty / vanilla"), compare="ratio", target=1.0, op=">",
+                **pair("basin_dist", {"method": "novelty", **at_top}, vanilla)),
+        premise("observer_reads", "the off-the-shelf observer recognises vanilla samples (> 0.5; chance 0.1)",
+                needs="an observer that tells the Creator's classes apart", quantity="vanilla's recognition rate",
+                values=list(recognised.values()), units=list(recognised), target=0.5, op=">", **kw),
+        premise("diversity_resolves", f"the diversity metric's own noise (a second vanilla seed set) is within the "
+                f"claim's {1 - DIVERSITY_KEPT:.0%} margin", needs="a diversity measure precise enough for its margin",
+                quantity="log(diversity(vanilla seed set 2) / diversity(vanilla seed set 1))",
+                target=DIVERSITY_NOISE, op="within", **div_noise),
+    ]
     claims = [
         claim("CAMEL concepts more learnable than novelty-only at matched unfamiliarity (L_K gap < 0)",
               paper=PAPER_LEARNABLE, quantity=q_matched.replace("A", "camel").replace("B", "novelty"),
-              values=gap, units=units, unit="concept", target=0.0, op="<"),
+              target=0.0, op="<", name="learnable", requires="unfamiliar_room", **gap("camel", "novelty")),
         claim(f"CAMEL reward above a random move of the same size (r = {top})", paper=PAPER_LEARNABLE,
-              quantity="R = L0 - L_K on fresh seeds, camel - random", values=r_camel, baseline=r_random,
-              units=u_r, unit="concept", target=0.0, op=">"),
+              quantity="R = L0 - L_K on fresh seeds, camel - random", target=0.0, op=">", name="reward",
+              requires="reward_room", **pair("reward", camel, rand)),
         claim(f"CAMEL samples outside the vanilla basin ({bank} vanilla samples per class)", paper=PAPER_BASIN,
-              quantity=q_basin, values=b_camel, baseline=b_vanilla, compare="ratio", units=u_b, unit="concept",
-              target=1.0, op=">"),
+              quantity=q_basin.replace("A / B", "camel / vanilla spread"), compare="ratio", target=1.0, op=">",
+              name="basin", requires="basin_room", **pair("basin_dist", camel, vanilla)),
+        claim(f"CAMEL samples farther from the vanilla basin than a random move of the same radius (r = {top})",
+              paper=PAPER_BASIN, quantity=q_basin.replace("A / B", "camel / random"), compare="ratio", target=1.0,
+              op=">", name="basin_vs_random", requires="basin_room", **pair("basin_dist", camel, rand)),
         claim(f"CAMEL's basin ratio grows as the vanilla bank densifies ({sizes[0]} -> {bank} samples)",
-              paper=PAPER_BASIN, quantity=f"basin ratio at {bank} / basin ratio at {sizes[0]} vanilla samples",
-              values=g_camel, compare="ratio", units=u_g, unit="concept", target=1.0, op=">"),
+              paper=PAPER_BASIN, quantity=q_growth, target=1.0, op=">", name="basin_growth", requires="basin_room",
+              **growth(camel)),
+        claim(f"CAMEL's basin ratio grows faster than a same-radius random move's ({sizes[0]} -> {bank})",
+              paper=PAPER_BASIN, quantity=f"growth(camel) / growth(random), {q_growth}", target=1.0, op=">",
+              name="growth_vs_random", requires="basin_room", **growth(camel, rand)),
         claim(f"CAMEL samples recognised as the prompt class within {RECOGNITION_TOLERANCE} of vanilla",
-              paper=PAPER_RECOGNISED, quantity=q_rec, values=rec_camel, baseline=rec_vanilla, units=u_rec,
-              unit="concept", target=-RECOGNITION_TOLERANCE, op=">="),
+              paper=PAPER_RECOGNISED, quantity=q_rec.replace("A", "camel"), target=-RECOGNITION_TOLERANCE, op=">=",
+              name="recognised", requires="observer_reads", **pair("recognised", camel, vanilla)),
+        claim(f"CAMEL keeps >= {DIVERSITY_KEPT:.0%} of vanilla's within-concept sample diversity (non-inferiority)",
+              paper=PAPER_DIVERSE, quantity=q_div.replace("A", "camel"), compare="ratio", target=DIVERSITY_KEPT,
+              op=">=", name="diversity", requires="diversity_resolves", **pair("diversity", camel, vanilla)),
     ]
+    same = "a random move of the same radius (draw B)"
+    competitors = [
+        competitor("learnable", "a same-radius random move more learnable than novelty-only at matched L0",
+                   competitor="a random move of the same radius (the random sweep)", paper=PAPER_LEARNABLE,
+                   quantity=q_matched.replace("A", "random").replace("B", "novelty"), target=0.0, op="<",
+                   **gap("random", "novelty")),
+        competitor("reward", "random move B's reward above random move A's", competitor=same, paper=PAPER_LEARNABLE,
+                   quantity="R, random_b - random", target=0.0, op=">", **pair("reward", rand_b, rand)),
+        competitor("basin", "a same-radius random move outside the vanilla basin", competitor=same,
+                   paper=PAPER_BASIN, quantity=q_basin.replace("A / B", "random_b / vanilla spread"),
+                   compare="ratio", target=1.0, op=">", **pair("basin_dist", rand_b, vanilla)),
+        competitor("basin_vs_random", "random move B farther from the basin than random move A", competitor=same,
+                   paper=PAPER_BASIN, quantity=q_basin.replace("A / B", "random_b / random"), compare="ratio",
+                   target=1.0, op=">", **pair("basin_dist", rand_b, rand)),
+        competitor("basin_growth", "a same-radius random move's basin ratio grows with the bank", competitor=same,
+                   paper=PAPER_BASIN, quantity=q_growth, target=1.0, op=">", **growth(rand_b)),
+        competitor("growth_vs_random", "random move B's basin growth above random move A's", competitor=same,
+                   paper=PAPER_BASIN, quantity=f"growth(random_b) / growth(random), {q_growth}", target=1.0,
+                   op=">", **growth(rand_b, rand)),
+        competitor("recognised", "a same-radius random move recognised within the tolerance of vanilla",
+                   competitor=same, paper=PAPER_RECOGNISED, quantity=q_rec.replace("A", "random_b"),
+                   target=-RECOGNITION_TOLERANCE, op=">=", **pair("recognised", rand_b, vanilla)),
+        competitor("diversity", f"a same-radius random move keeps >= {DIVERSITY_KEPT:.0%} of vanilla's diversity",
+                   competitor=same, paper=PAPER_DIVERSE, quantity=q_div.replace("A", "random_b"), compare="ratio",
+                   target=DIVERSITY_KEPT, op=">=", **pair("diversity", rand_b, vanilla)),
+    ]
+    wrong_by = per_unit(rows, "recognised_wrong", "unit", **camel)
+    right_by = per_unit(rows, "recognised", "unit", **vanilla)
+    u_w = sorted(wrong_by, key=str)
     controls = [
         claim("random move B more learnable than the random-A sweep at matched unfamiliarity (null)",
               paper=PAPER_LEARNABLE, quantity=q_matched.replace("A", "random_b").replace("B", "random"),
-              values=null_gap, units=null_units, unit="concept", target=0.0, op="<"),
+              target=0.0, op="<", **gap("random_b", "random")),
         claim("vanilla samples from a second fresh seed set outside the vanilla basin (null)", paper=PAPER_BASIN,
-              quantity=q_basin, values=b_null, baseline=b_vanilla_1, compare="ratio", units=u_bn, unit="concept",
-              target=1.0, op=">"),
+              quantity=q_basin.replace("A / B", "vanilla set 2 / vanilla spread"), compare="ratio", target=1.0,
+              op=">", **pair("basin_dist", vanilla_2, vanilla)),
         claim(f"a second vanilla seed set's basin ratio grows with the bank ({sizes[0]} -> {bank}) (null)",
-              paper=PAPER_BASIN, quantity=f"basin ratio at {bank} / basin ratio at {sizes[0]} vanilla samples",
-              values=g_null, compare="ratio", units=u_gn, unit="concept", target=1.0, op=">"),
+              paper=PAPER_BASIN, quantity=q_growth, target=1.0, op=">", **growth(vanilla_2)),
         claim("CAMEL samples 'recognised' as the wrong class (c + 1) within the tolerance of vanilla",
-              paper=PAPER_RECOGNISED, quantity=q_rec.replace("the prompt class", "class c + 1"), values=wrong,
-              baseline=rec_vanilla_w, units=u_w, unit="concept", target=-RECOGNITION_TOLERANCE, op=">="),
+              paper=PAPER_RECOGNISED, quantity=q_rec.replace("A", "camel").replace("the prompt class", "class c + 1"),
+              values=[wrong_by[u] for u in u_w], baseline=[right_by[u] for u in u_w], units=u_w,
+              target=-RECOGNITION_TOLERANCE, op=">=", **kw),
+        claim(f"a second vanilla seed set keeps >= {1 / DIVERSITY_KEPT:.0%} of vanilla's diversity (null: the "
+              "metric must not invent a gain)", paper=PAPER_DIVERSE, quantity=q_div.replace("A", "vanilla set 2"),
+              compare="ratio", target=1 / DIVERSITY_KEPT, op=">=", **pair("diversity", vanilla_2, vanilla)),
     ]
-    return claims, controls
+    return claims, controls, premises, competitors
 
 
 def _summary(rows: list[dict[str, Any]], bank_sizes: tuple[int, ...]) -> list[dict[str, Any]]:
-    keys = ["l0", "lk", "reward", "recognised", "shift", *[f"basin_dist_{s}" for s in bank_sizes]]
+    keys = ["l0", "lk", "reward", "recognised", "diversity", "shift", *[f"basin_dist_{s}" for s in bank_sizes]]
     out = []
     for method in dict.fromkeys(r["method"] for r in rows):
         for radius in dict.fromkeys(r["radius"] for r in rows if r["method"] == method):

@@ -39,16 +39,24 @@ import datetime
 import importlib
 import json
 import os
-import platform
 import pkgutil
+import platform
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lit_lowrank.benchmarks._claims import (competitor, claim, paired, per_unit, premise, resolve, statistic_claim,
-                                            verdict_of)
+from lit_lowrank.benchmarks._claims import (
+    claim,
+    competitor,
+    paired,
+    per_unit,
+    premise,
+    resolve,
+    statistic_claim,
+    verdict_of,
+)
 
 __all__ = ["BenchmarkResult", "available_benchmarks", "claim", "competitor", "paired", "per_unit", "premise",
            "print_result", "resolve", "run_benchmark", "statistic_claim", "validity", "verdict_of"]
@@ -140,11 +148,13 @@ def run_benchmark(name: str, quick: bool = False, seed: int = 0, json_path: str 
     if name not in names:
         raise ValueError(f"Unknown benchmark {name!r}; available: {names}.")
     module = importlib.import_module(f"lit_lowrank.benchmarks.{name}")
+    from lit_lowrank.benchmarks._progress import reporting
     from lit_lowrank.benchmarks._provenance import WORKER_SOURCES, provenance
 
     WORKER_SOURCES.clear()
     start = time.perf_counter()
-    result: BenchmarkResult = module.run(quick=quick, seed=seed)
+    with reporting(f"{name} ({'quick' if quick else 'full'})"):
+        result: BenchmarkResult = module.run(quick=quick, seed=seed)
     seconds = time.perf_counter() - start
     claims = resolve(result.claims, result.premises, result.competitors)
     reasons = validity(claims, result.controls, result.premises, result.competitors)

@@ -32,7 +32,17 @@ Claims (paired by seed, 95% t intervals): the gated cross-supervision is a net-p
 correction signal, over both directions (gate-weighted fixes minus breaks over fixes
 plus breaks, summed over training; a gate blind to which model is right scores 0 in
 expectation) and into the adapted source model alone; SafeCut's adapted model is more
-accurate than SHOT's, one-way distillation's and naive exchange's.
+accurate than SHOT's (published: frozen hypothesis head, as every method here), one-way
+distillation's and naive exchange's.
+
+Premises (the conditions the mechanism needs here): for the correction claims, the local cut
+statistic separates right from wrong labels (mean z of wrong labels above that of right
+labels, both models, over SafeCut's training; labels read for evaluation only); for each
+accuracy claim, an **oracle gate** (the same run, but the model whose label is right teaches
+the one whose label is wrong, read from the labels, weight 1) beats that baseline: mutual
+correction has headroom over it. Competitor of each accuracy claim: the **shuffled gate**
+(SafeCut with its cut statistics dealt out at random across samples and models: the same
+strengths, a coin-flip direction) in SafeCut's place — what the exchange alone buys.
 
 Controls (must not hold): the same gate with its cut statistics shuffled across the
 samples and the two models of each batch (its direction becomes a fair coin) claims a
@@ -55,7 +65,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_lowrank.benchmarks._workers import map_jobs, workers
-from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, paired
+from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, competitor, paired, premise
 from lit_lowrank.callbacks import SHOT, SafeCut
 from lit_lowrank.datamodules import DigitsDataModule, ShiftedDigitsDataModule
 from lit_lowrank.models import CrossDatasetDigitClassifier
@@ -65,6 +75,7 @@ from lit_lowrank.tasks import ClassificationModule
 TUNED = ("shot", "one_way", "naive", "safecut")
 GRAPH_VARIANTS = ("both", "first", "frozen")
 CONTROLS = ("control_shuffled_gate", "control_permuted_second")
+ORACLE = "oracle_gate"
 NAMES = {"shot": "SHOT", "one_way": "one-way distillation", "naive": "naive exchange"}
 PAPER_NET = ("this reliability-gated mechanism guarantees a net-positive correction signal; selectively "
              "amplifying true corrections while suppressing miscorrections on a per-sample basis")
@@ -86,10 +97,26 @@ class Settings:
     epochs: int = 4
     source_epochs: int = 6
     batch_size: int = 128
+    graph_variants: tuple[str, ...] = GRAPH_VARIANTS
 
 
-QUICK = Settings(seeds=8, shifts=(("rotate", 1.5),), lrs=(1e-3, 3e-3))
+QUICK = Settings(seeds=6, shifts=(("rotate", 1.5),), lrs=(1e-3, 3e-3), graph_variants=())
 FULL = Settings(seeds=10, shifts=(("rotate", 1.0), ("rotate", 1.5), ("rotate_noise", 1.0)), lrs=(3e-4, 1e-3, 3e-3))
+
+
+class OracleGateSafeCut(SafeCut):
+    """Premise (an upper bound of any gate): the model whose label is right teaches the one whose
+    label is wrong, weight 1; nobody is taught where both are right or both wrong. Reads the
+    target labels (``batch["y"]``), so it is a measurement of headroom, never a method."""
+
+    def reliability(self, batch: Any, feats_a: Tensor, feats_b: Tensor, labels_a: Tensor, labels_b: Tensor,
+                    num_classes: int) -> tuple[CutStatistic, CutStatistic]:
+        z_a, z_b = super().reliability(batch, feats_a, feats_b, labels_a, labels_b, num_classes)
+        y = batch["y"]
+        # z = -10 for a right label, +10 for a wrong one: the gate's strength tanh(20 / gap_scale) is 1
+        oracle = lambda labels: torch.where(labels == y, -10.0, 10.0).to(z_a.z.dtype)  # noqa: E731
+        return (CutStatistic(oracle(labels_a), z_a.cut, z_a.expected, z_a.z_global),
+                CutStatistic(oracle(labels_b), z_b.cut, z_b.expected, z_b.z_global))
 
 
 class ShuffledGateSafeCut(SafeCut):
@@ -164,6 +191,8 @@ def _callbacks(method: str, second: nn.Module, source: ClassificationModule, lr:
         return [SafeCut(second, graph_features=method, graph_encoder=encoder, second_lr=lr)]
     if method == "control_shuffled_gate":
         return [ShuffledGateSafeCut(second, second_lr=lr, shuffle_seed=seed)]
+    if method == ORACLE:
+        return [OracleGateSafeCut(second, second_lr=lr)]
     if method == "control_permuted_second":
         return [SafeCut(PermutedLabels(second), second_lr=lr)]
     raise ValueError(f"unknown method {method!r}")
@@ -195,6 +224,7 @@ def adapt(method: str, state: dict[str, Tensor], second0: nn.Module, target: Shi
     if gate is not None:
         c = gate.counts
         row.update(net_correction=gate.net_correction(), net_correction_first=gate.net_correction("first"),
+                   z_separation=gate.z_separation(),
                    fixes_to_first=c["corrections"],
                    breaks_to_first=c["miscorrections"], fixes_to_second=c["corrections_to_second"],
                    breaks_to_second=c["miscorrections_to_second"])
@@ -241,9 +271,9 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
         row["selected"] = row["method"] == "source_only" or selected[(row["shift"], row["method"])] == row["lr"]
     jobs = [(cfg, shift, severity, method, selected[(shift if severity == 1.0 else f"{shift}@{severity:g}",
                                                       "safecut")], s, states[s])
-            for s in seeds for shift, severity in cfg.shifts for method in (*GRAPH_VARIANTS, *CONTROLS)]
+            for s in seeds for shift, severity in cfg.shifts for method in (*cfg.graph_variants, ORACLE, *CONTROLS)]
     rows += [{**row, "selected": True} for row in map_jobs(_row, jobs)]
-    claims, controls = _claims(rows)
+    claims, controls, premises, competitors = _claims(rows)
     # the paper's regime: the second model (before adaptation) better than SHOT's adapted model on some classes
     regime = {}
     for shift in dict.fromkeys(r["shift"] for r in rows):
@@ -258,8 +288,11 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
              "selected_lr": {f"{sh}/{m}": lr for (sh, m), lr in selected.items()}, "epochs": cfg.epochs,
              "source_epochs": cfg.source_epochs, "batch_size": cfg.batch_size,
              "workers": f"{workers()} processes x 1 torch thread",
-             "second_model": "cnn_small trained 4 epochs on the 5,000 MNIST digits rendered as 8x8"}
-    return BenchmarkResult(rows, claims, controls, notes, summary=_summary(rows))
+             "graph_variants": list(cfg.graph_variants),
+             "second_model": "cnn_small trained 4 epochs on the 5,000 MNIST digits rendered as 8x8",
+             "second_model_val_acc": {s: round(CrossDatasetDigitClassifier(seed=s).val_acc, 4) for s in seeds}}
+    return BenchmarkResult(rows, claims, controls, notes, summary=_summary(rows), premises=premises,
+                           competitors=competitors)
 
 
 def _summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -275,38 +308,64 @@ def _summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             entry["net_correction"] = statistics.fmean(r["net_correction"] for r in rs)
             firsts = [r["net_correction_first"] for r in rs if r["net_correction_first"] == r["net_correction_first"]]
             entry["net_correction_first"] = statistics.fmean(firsts) if firsts else float("nan")
+            entry["z_separation"] = statistics.fmean(r["z_separation"] for r in rs)
             for key in ("fixes_to_first", "breaks_to_first", "fixes_to_second", "breaks_to_second"):
                 entry[key] = sum(r[key] for r in rs)
         out.append(entry)
     return out
 
 
-def _claims(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _claims(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], ...]:
+    """Claims, controls, premises and competitors from the selected rows (paired by seed)."""
     chosen = [r for r in rows if r["selected"]]
-    claims, controls = [], []
+    claims, controls, premises, competitors = [], [], [], []
     net_quantity = ("gate-weighted (fixes - breaks) / (fixes + breaks) of the cross-labels, both directions, "
                     "summed over training steps; fraction in [-1, 1]")
     first_quantity = ("gate-weighted (fixes - breaks) / (fixes + breaks) of the cross-labels taught to the adapted "
                       "source model, summed over training steps; fraction in [-1, 1]")
-    acc_quantity = "test acc(SafeCut) - test acc({}) of the adapted source model, fraction"
+    acc_quantity = "test acc({}) - test acc({}) of the adapted source model, fraction"
     for shift in dict.fromkeys(r["shift"] for r in chosen):
         def values(method: str, metric: str = "net_correction") -> tuple[list[float], list[Any]]:
             got = {r["seed"]: r[metric] for r in chosen if r["shift"] == shift and r["method"] == method}
             keys = sorted(got)
             return [got[k] for k in keys], keys
 
+        def versus(method: str, base: str) -> tuple[list[float], list[float], list[Any]]:
+            return paired(chosen, "test_acc", {"shift": shift, "method": method}, {"shift": shift, "method": base})
+
+        separation, seeds = values("safecut", "z_separation")
+        premises.append(premise(
+            f"{shift}/z_separates", f"{shift}: the local cut statistic ranks right labels as more reliable than wrong "
+            "ones", needs="the gate can only send right labels if low z marks right labels",
+            quantity="mean local z of wrong labels - mean local z of right labels, both models, over SafeCut's "
+                     "training (labels read for evaluation only), z units", values=separation, units=seeds,
+            target=0.0, op=">"))
         net, seeds = values("safecut")
         claims.append(claim(f"{shift}: the gated cross-supervision is a net-positive correction signal",
-                            paper=PAPER_NET, quantity=net_quantity, values=net, units=seeds, target=0.0, op=">"))
+                            paper=PAPER_NET, quantity=net_quantity, values=net, units=seeds, target=0.0, op=">",
+                            name=f"{shift}/net", requires=f"{shift}/z_separates"))
         net_first, seeds = values("safecut", "net_correction_first")
         claims.append(claim(f"{shift}: net-positive correction of the adapted source model", paper=PAPER_NET,
-                            quantity=first_quantity, values=net_first, units=seeds, target=0.0, op=">"))
+                            quantity=first_quantity, values=net_first, units=seeds, target=0.0, op=">",
+                            name=f"{shift}/net_first", requires=f"{shift}/z_separates"))
         for base in ("shot", "one_way", "naive"):
-            ours, theirs, units = paired(chosen, "test_acc", {"shift": shift, "method": "safecut"},
-                                         {"shift": shift, "method": base})
+            oracle, theirs, units = versus(ORACLE, base)
+            premises.append(premise(
+                f"{shift}/oracle_over_{base}", f"{shift}: an oracle gate (the right model teaches the wrong one) "
+                f"above {NAMES[base]}", needs="mutual correction has headroom over the baseline in this regime",
+                quantity=acc_quantity.format("oracle gate", base), values=oracle, baseline=theirs, units=units,
+                target=0.0, op=">"))
+            ours, theirs, units = versus("safecut", base)
             claims.append(claim(f"{shift}: SafeCut's adapted model above {NAMES[base]}", paper=PAPER_ACC[base],
-                                quantity=acc_quantity.format(base), values=ours, baseline=theirs, units=units,
-                                target=0.0, op=">"))
+                                quantity=acc_quantity.format("SafeCut", base), values=ours, baseline=theirs,
+                                units=units, target=0.0, op=">", name=f"{shift}/above_{base}",
+                                requires=f"{shift}/oracle_over_{base}"))
+            shuffled, theirs, units = versus("control_shuffled_gate", base)
+            competitors.append(competitor(
+                f"{shift}/above_{base}", f"{shift}: SafeCut with a shuffled gate above {NAMES[base]}",
+                competitor="the gate's cut statistics shuffled across samples and models (same strengths, "
+                           "coin-flip direction)", quantity=acc_quantity.format("shuffled gate", base),
+                values=shuffled, baseline=theirs, units=units, target=0.0, op=">"))
         shuffled, seeds = values("control_shuffled_gate")
         controls.append(claim(f"{shift}: a gate with cut statistics shuffled across samples and models is a "
                               "net-positive correction signal", paper=PAPER_NET, quantity=net_quantity, values=shuffled,
@@ -315,9 +374,8 @@ def _claims(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict
         controls.append(claim(f"{shift}: with a label-permuted second model, net-positive correction of the adapted "
                               "source model", paper=PAPER_NET, quantity=first_quantity, values=permuted, units=seeds,
                               target=0.0, op=">"))
-        ours, theirs, units = paired(chosen, "test_acc", {"shift": shift, "method": "control_permuted_second"},
-                                     {"shift": shift, "method": "shot"})
+        ours, theirs, units = versus("control_permuted_second", "shot")
         controls.append(claim(f"{shift}: SafeCut with a label-permuted second model above SHOT",
-                              paper=PAPER_ACC["shot"], quantity=acc_quantity.format("shot"), values=ours,
+                              paper=PAPER_ACC["shot"], quantity=acc_quantity.format("permuted", "SHOT"), values=ours,
                               baseline=theirs, units=units, target=0.0, op=">"))
-    return claims, controls
+    return claims, controls, premises, competitors

@@ -18,13 +18,22 @@ their full-rank MACs, ``macs_total`` = whole-network ratio (steps included).
 Methods at a budget b (fraction of the factored layers' MACs): ``uniform`` (one rank fraction,
 bisected to b), ``static`` (per-layer energy-kept SVD, bisected), ``sara_dp`` (calibrated on
 ``CAL`` draws of *calibration* noise), ``sara_online`` (the rank fraction of each step read from
-the spectrum of the previous denoiser output; its tolerance τ bisected on the calibration noise to
-meet b, then run on the fresh evaluation noise: its realised MACs are reported), ``fewer_steps``
-(full rank, b·T DDIM steps) and ``sara_dp+fewer_steps`` at the same *total* MACs as fewer steps.
-Controls: ``sara_dp_shuffled`` (the DP schedule with its steps permuted: same MACs; it must not
-beat the DP, which optimises the allocation) and the layer spectra of a second untrained model.
-``online_shuffled`` (the online run's per-step fractions permuted) is a *claim*: the online rule is
-a heuristic, and whether its allocation beats a random one is what the abstract's premise predicts.
+the spectrum of the previous step's signal — the raw output on the v-UNet, the x̂₀ implied by the
+ε output on the DiT, :func:`~lit_lowrank.callbacks.sara_controller.clean_sample_signal`; its
+tolerance τ bisected on the calibration noise to meet b, then run on the fresh evaluation noise;
+the first step, with no previous output, dense), ``sara_online_first`` (the same with the first
+step at the uniform baseline's rank fraction: what the dense first step costs; each online row
+records its first step's share of the MACs), ``fewer_steps`` (full rank, b·T DDIM steps) and
+``sara_dp+fewer_steps`` at the same *total* MACs as fewer steps.
+
+**Premises**: the layer spectra of the trained model decay (vs its initialisation), and the
+effective rank of the tensor SARA-Online reads varies across steps by ≥ 25% (the abstract's
+premise; the raw ε output's is measured too). **Competitors** in the method's place: the DP's
+levels at shuffled steps (vs uniform and static), the online fractions at shuffled steps (vs
+uniform), and uniform rank on the DP + fewer-steps trajectory. Controls: ``sara_dp_shuffled``
+must not beat the DP (which optimises the allocation) and a second untrained model's spectra
+must not "decay". ``online_shuffled`` vs ``sara_online`` is a *claim*: the online rule is a
+heuristic, and whether its allocation beats a random one is what the abstract's premise predicts.
 """
 
 from __future__ import annotations
@@ -42,8 +51,8 @@ import torch
 from torch import Tensor
 
 from lit_lowrank.benchmarks._timing import interleaved_samples
-from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, paired
-from lit_lowrank.callbacks.sara_controller import CONDITIONING_LAYERS, SARAController
+from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, competitor, paired, premise
+from lit_lowrank.callbacks.sara_controller import CONDITIONING_LAYERS, SARAController, clean_sample_signal
 from lit_lowrank.ops.lowrank import rank_for_energy
 from lit_lowrank.ops.macs import count_macs
 from lit_lowrank.ops.sara import factored_macs, output_effective_rank
@@ -159,8 +168,9 @@ class _Bench:
     """One model's evaluation: fixed draws, a controller factory, MACs bookkeeping and scoring."""
 
     def __init__(self, module: DiffusionModule, name: str, n: int, steps: int, seed: int, target: str | None,
-                 classifier: Any, include_conv: bool = False) -> None:
+                 classifier: Any, include_conv: bool = False, signal: Any = None) -> None:
         self.module, self.name, self.n, self.steps, self.target = module, name, n, steps, target
+        self.signal = signal  # SARA-Online's signal (None: the raw denoiser output)
         self.include_conv, self.classifier = include_conv, classifier
         g = torch.Generator().manual_seed(seed)
         self.labels = torch.arange(n) % 10
@@ -189,8 +199,13 @@ class _Bench:
 
     def controller(self) -> SARAController:
         return SARAController(self.module.model, target=self.target, include_conv=self.include_conv,
-                              exclude=CONDITIONING_LAYERS,
+                              exclude=CONDITIONING_LAYERS, signal=self.signal,
                               step_source=lambda: self.module.current_step_index).attach()
+
+    def first_step_share(self, c: SARAController) -> float:
+        """Share of the last run's factored-layer MACs spent at its first step."""
+        costs = [self.static_ratio(c, ranks) for ranks in c.step_ranks]
+        return costs[0] / sum(costs)
 
     def static_ratio(self, c: SARAController, ranks: dict[str, int | None]) -> float:
         used = sum(factored_macs(self.rows_of[k], m.out_features, m.in_features,
@@ -257,18 +272,29 @@ def evaluate_model(bench: _Bench, budget: float, combo_budget: float, quick: boo
         c.reset_macs()
         rows += bench.rows("sara_dp_shuffled", budget, bench.sample(), c.macs_ratio(), 1.0)
 
-        def online_ratio(tau: float) -> float:  # on the calibration draws only
-            c.set_online(tau)
+        def online_ratio(tau: float, first: float) -> float:  # on the calibration draws only
+            c.set_online(tau, first_fraction=first)
             c.reset_macs()
             bench.calibration_sample()
             return c.macs_ratio()
 
-        tau = _bisect(online_ratio, budget, 0.0, 1.0, increasing=False, iters=12 if quick else 16)
-        c.set_online(tau)
-        c.reset_macs()
-        samples = bench.sample()
-        fractions = list(c.step_fractions)
-        rows += bench.rows("sara_online", budget, samples, c.macs_ratio(), 1.0, param=round(tau, 4))
+        online: dict[str, dict[str, Any]] = {}
+        # the rule as shipped (first step dense: no previous output to read), and the first step at the
+        # uniform baseline's rank fraction (what the dense first step costs the claim)
+        for method, first in (("sara_online", 1.0), ("sara_online_first", f)):
+            tau = _bisect(lambda t, first=first: online_ratio(t, first), budget, 0.0, 1.0, increasing=False,
+                          iters=12 if quick else 16)
+            c.set_online(tau, first_fraction=first)
+            c.reset_macs()
+            samples = bench.sample()
+            share = bench.first_step_share(c)
+            online[method] = {"tau": tau, "first_fraction": round(first, 4),
+                              "fractions": [round(x, 3) for x in c.step_fractions],
+                              "first_step_macs_share": round(share, 4)}
+            rows += bench.rows(method, budget, samples, c.macs_ratio(), 1.0, param=round(tau, 4),
+                               first_step_share=round(share, 4))
+        tau = online["sara_online"]["tau"]
+        fractions = online["sara_online"]["fractions"]
         policies["sara_online"] = (lambda c, t=tau: c.set_online(t), steps)
         c.set_fractions([fractions[i] for i in rng.permutation(len(fractions))])
         c.reset_macs()
@@ -284,21 +310,33 @@ def evaluate_model(bench: _Bench, budget: float, combo_budget: float, quick: boo
         schedule = c.calibrate(lambda: bench.calibration_sample(k_combo), combo_budget)
         rows += bench.rows("sara_dp+fewer_steps", budget, bench.sample(k_combo), c.macs_ratio(), k_combo / steps,
                            param=f"{k_combo} steps at {combo_budget:.0%}")
+        # the competitor in the DP's place: uniform rank at the same budget on the same longer trajectory
+        f_combo = _bisect(lambda v: bench.static_ratio(c, {k: max(1, round(v * m.full_rank))
+                                                           for k, m in c.layers.items()}),
+                          combo_budget, 1e-3, 1.0, increasing=True)
+        c.set_uniform(f_combo)
+        c.reset_macs()
+        rows += bench.rows("uniform+fewer_steps", budget, bench.sample(k_combo), c.macs_ratio(), k_combo / steps,
+                           param=f"{k_combo} steps at {combo_budget:.0%}")
         policies["sara_dp+fewer_steps"] = (lambda c, s=schedule: c.set_schedule(s), k_combo)
-        extras = {"online_fractions": [round(x, 3) for x in fractions], "dp_schedule": schedule.tolist(),
-                  "online_tau": tau, "step_gains": [round(float(g), 3) for g in gains]}
+        extras = {"online": online, "dp_schedule": schedule.tolist(), "step_gains": [round(float(g), 3) for g in gains]}
     return rows, {"policies": policies, **extras}
 
 
 def premise_rows(bench: _Bench) -> list[dict[str, Any]]:
-    """Per noise draw and step, the effective rank (fraction of full) of the denoiser output at full rank."""
+    """Per noise draw and step, the effective rank (fraction of full) of the denoiser output at full rank
+    (``output_erank``) and of SARA-Online's signal when it is another tensor (``signal_erank``)."""
     out: list[dict[str, Any]] = []
 
     def hook(module: Any, args: Any, kwargs: Any, output: Any) -> None:
-        tensor = output.sample if hasattr(output, "sample") else output
+        tensor = (output.sample if hasattr(output, "sample") else output).detach()
         step = bench.module.current_step_index
-        for i, value in enumerate(output_effective_rank(tensor.detach()).tolist()):
-            out.append({"model": bench.name, "method": "output_erank", "draw": i, "step": step, "erank": value})
+        signals = {"output_erank": tensor}
+        if bench.signal is not None:
+            signals["signal_erank"] = bench.signal(tensor, args, kwargs)
+        for method, value in signals.items():
+            for i, e in enumerate(output_effective_rank(value).tolist()):
+                out.append({"model": bench.name, "method": method, "draw": i, "step": step, "erank": e})
 
     handle = bench.module.model.register_forward_hook(hook, with_kwargs=True)
     try:
@@ -320,11 +358,11 @@ def spectrum_rows(models: dict[str, DiffusionModule], name: str, target: str | N
 
 
 def _section(module: DiffusionModule, untrained: list[DiffusionModule], name: str, n: int, steps: int, seed: int,
-             target: str | None, include_conv: bool, classifier: Any, quick: bool,
+             target: str | None, include_conv: bool, classifier: Any, quick: bool, signal: Any = None,
              ) -> tuple[list[dict[str, Any]], dict[str, Any], _Bench]:
     rows = spectrum_rows({"trained": module, **{f"init_{i}": m for i, m in enumerate(untrained)}}, name, target,
                          include_conv)
-    bench = _Bench(module, name, n, steps, seed, target, classifier, include_conv=include_conv)
+    bench = _Bench(module, name, n, steps, seed, target, classifier, include_conv=include_conv, signal=signal)
     rows += premise_rows(bench)
     method_rows, extras = evaluate_model(bench, BUDGET, COMBO_BUDGET, quick, seed)
     return rows + method_rows, extras, bench
@@ -345,7 +383,11 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
     for s in (0, 1):
         torch.manual_seed(s)
         inits.append(DiffusionModule(model=DiTTransformer2DModel(**DIT_CONFIG), num_classes=10))
-    rows, dit_extras, bench = _section(dit, inits, "dit_eps", n, steps, seed, DIT_TARGET, False, classifier, quick)
+    # an ε output is noise-like at every step (its rank barely moves: measured, `output_erank`); SARA-Online
+    # reads the clean sample x̂₀ it implies, whose rank does move from the coarse early steps to the last
+    x0 = clean_sample_signal(dit.noise_scheduler.alphas_cumprod, "epsilon")
+    rows, dit_extras, bench = _section(dit, inits, "dit_eps", n, steps, seed, DIT_TARGET, False, classifier, quick,
+                                       signal=x0)
 
     # wall clock (DiT only): paired interleaved rounds, controller attached outside the timed call
     def timer(key: str) -> Any:
@@ -374,10 +416,10 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
     unet_rows, unet_extras, _ = _section(unet, inits, "unet_v", n_u, steps_u, seed, None, True, classifier, quick)
     rows += unet_rows
 
-    claims, controls = _claims(rows, "dit_eps", "DiT ε: ", timing=True)
-    more_claims, more_controls = _claims(rows, "unet_v", "UNet v: ", timing=False)
-    claims += more_claims
-    controls += more_controls
+    claims, controls, premises, competitors = _claims(rows, "dit_eps", "DiT ε: ", timing=True, signal=True)
+    for part, more in zip((claims, controls, premises, competitors),
+                          _claims(rows, "unet_v", "UNet v: ", timing=False, signal=False)):
+        part += more
 
     def trained(info: dict[str, Any], recipe: dict[str, Any]) -> str:
         return (f"{recipe['steps']} AdamW steps (batch {recipe['batch']}, lr {recipe['lr']}, weight decay "
@@ -393,82 +435,117 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
                   "layers",
         "calibration": f"{CAL} draws of other noise (SARA-DP warm-up, SARA-Online's tau); evaluation noise unseen",
         "dense_for_every_method": "conditioning layers (timestep / class embedders, adaLN modulation, time_emb_proj)",
-        "online": {m: {"tau": round(e["online_tau"], 4), "fractions_per_step": e["online_fractions"]}
-                   for m, e in (("dit_eps", dit_extras), ("unet_v", unet_extras))},
+        "online": {m: e["online"] for m, e in (("dit_eps", dit_extras), ("unet_v", unet_extras))},
+        "online_signal": {"dit_eps": "x0 implied by the eps output (clean_sample_signal)",
+                          "unet_v": "the raw v output (the abstract's rule)"},
         "dp_step_gains": {m: e["step_gains"] for m, e in (("dit_eps", dit_extras), ("unet_v", unet_extras))},
         "timing": f"DiT only, {rounds} interleaved rounds, {torch.get_num_threads()} thread",
     }
-    return BenchmarkResult(rows, claims, controls, notes=notes, summary=_summary(rows))
+    return BenchmarkResult(rows, claims, controls, notes=notes, summary=_summary(rows), premises=premises,
+                           competitors=competitors)
 
 
-def _claims(rows: list[dict[str, Any]], model: str, prefix: str, timing: bool,
-            ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    def err(method: str, other: str) -> tuple[list[float], list[float], list[Any]]:
-        return paired(rows, "rel_error", {"model": model, "method": method}, {"model": model, "method": other},
-                      unit="draw")
+def _claims(rows: list[dict[str, Any]], model: str, prefix: str, timing: bool, signal: bool,
+            ) -> tuple[list[dict[str, Any]], ...]:
+    """Claims, controls, premises and competitors of one model's section."""
+    def err(method: str, other: str) -> dict[str, Any]:
+        values, baseline, units = paired(rows, "rel_error", {"model": model, "method": method},
+                                         {"model": model, "method": other}, unit="draw")
+        return {"values": values, "baseline": baseline, "units": units, "unit": "draw"}
 
     b = f"{BUDGET:.0%}"
     q_err = "per-draw relative error vs the full-rank sample, {} - {}"
-    dp, uni, draws = err("sara_dp", "uniform")
-    dp_s, static, _ = err("sara_dp", "static")
-    online, uni2, _ = err("sara_online", "uniform")
-    combo, fewer, _ = err("sara_dp+fewer_steps", "fewer_steps")
-    shuffled, dp2, _ = err("sara_dp_shuffled", "sara_dp")
-    o_shuffled, online2, _ = err("online_shuffled", "sara_online")
     trained, init0, layers = paired(rows, "energy_25", {"model": model, "method": "spectrum_trained"},
                                     {"model": model, "method": "spectrum_init_0"}, unit="layer")
     init1, init0b, _ = paired(rows, "energy_25", {"model": model, "method": "spectrum_init_1"},
                               {"model": model, "method": "spectrum_init_0"}, unit="layer")
-    # premise: per draw, the spread of the output's effective rank over the steps
-    by_draw: dict[int, list[float]] = {}
-    for r in rows:
-        if r.get("method") == "output_erank" and r["model"] == model:
-            by_draw.setdefault(r["draw"], []).append(r["erank"])
-    spread = [(max(v) - min(v)) / float(np.mean(v)) for _, v in sorted(by_draw.items())]
+
+    def spread(method: str) -> tuple[list[float], list[Any]]:
+        """Per draw, (max - min) / mean over the steps of the effective rank of ``method``'s tensor."""
+        by_draw: dict[int, list[float]] = {}
+        for r in rows:
+            if r.get("method") == method and r["model"] == model:
+                by_draw.setdefault(r["draw"], []).append(r["erank"])
+        return [(max(v) - min(v)) / float(np.mean(v)) for _, v in sorted(by_draw.items())], sorted(by_draw)
+
     q_spec = "energy in the leading 25% of singular values, per factored layer, {} - {}"
+    q_spread = ("(max - min) / mean over steps of the effective rank (Roy-Vetterli, fraction of full) of the {}, "
+                "per draw")
+    raw, draws = spread("output_erank")
+    spectra, varies = f"{model}_spectra_decay", f"{model}_rank_varies"
+    premises = [
+        premise(spectra, f"{prefix}the benchmark model's layer spectra decay (trained vs its initialisation)",
+                needs="layers whose truncated SVD keeps most of the map (rank to cut)",
+                quantity=q_spec.format("trained", "init"), values=trained, baseline=init0, units=layers,
+                unit="layer", target=0.0, op=">"),
+        premise(f"{model}_output_rank_varies" if signal else varies, f"{prefix}the effective rank of the raw denoiser output varies across "
+                "steps by >= 25% of its mean", needs=PAPER_PREMISE, quantity=q_spread.format("denoiser output"),
+                values=raw, units=draws, unit="draw", target=0.25, op=">="),
+    ]
+    if signal:  # SARA-Online reads another tensor (x̂₀): its own rank must vary
+        values, units = spread("signal_erank")
+        premises.append(premise(varies, f"{prefix}the effective rank of SARA-Online's signal (x̂₀ implied by the "
+                                "ε output) varies across steps by >= 25% of its mean", needs=PAPER_PREMISE,
+                                quantity=q_spread.format("x0 implied by the output"), values=values, units=units,
+                                unit="draw", target=0.25, op=">="))
+    name = f"{model}_".__add__
     claims = [
         claim(f"{prefix}SARA-DP error below uniform rank at {b} of the factored MACs", paper=PAPER_DP,
-              quantity=q_err.format("sara_dp", "uniform"), values=dp, baseline=uni, units=draws, unit="draw",
-              target=0.0, op="<"),
+              quantity=q_err.format("sara_dp", "uniform"), target=0.0, op="<", name=name("dp_uniform"),
+              requires=spectra, **err("sara_dp", "uniform")),
         claim(f"{prefix}SARA-DP error below static SVD (energy-kept ranks) at {b} MACs", paper=PAPER_DP,
-              quantity=q_err.format("sara_dp", "static"), values=dp_s, baseline=static, units=draws, unit="draw",
-              target=0.0, op="<"),
+              quantity=q_err.format("sara_dp", "static"), target=0.0, op="<", name=name("dp_static"),
+              requires=spectra, **err("sara_dp", "static")),
         claim(f"{prefix}SARA-Online error below uniform rank at {b} MACs (both calibration-free)", paper=PAPER_ONLINE,
-              quantity=q_err.format("sara_online", "uniform"), values=online, baseline=uni2, units=draws,
-              unit="draw", target=0.0, op="<"),
+              quantity=q_err.format("sara_online", "uniform"), target=0.0, op="<", name=name("online_uniform"),
+              requires=[spectra, varies], **err("sara_online", "uniform")),
+        claim(f"{prefix}SARA-Online with its first step at the uniform fraction (not dense) below uniform rank at "
+              f"{b} MACs", paper=PAPER_ONLINE, quantity=q_err.format("sara_online_first", "uniform"), target=0.0,
+              op="<", name=name("online_first_uniform"), requires=[spectra, varies],
+              **err("sara_online_first", "uniform")),
         # not a control: a heuristic's step allocation can lose to a random one (the DP's cannot on its
         # objective, so its shuffle is the control); whether the output's rank steers rank well is the claim
         claim(f"{prefix}SARA-Online's per-step fractions beat the same fractions shuffled across steps (same MACs)",
-              paper=PAPER_ONLINE, quantity=q_err.format("sara_online", "online_shuffled"), values=online2,
-              baseline=o_shuffled, units=draws, unit="draw", target=0.0, op="<"),
+              paper=PAPER_ONLINE, quantity=q_err.format("sara_online", "online_shuffled"), target=0.0, op="<",
+              name=name("online_shuffled"), requires=varies, **err("sara_online", "online_shuffled")),
         claim(f"{prefix}SARA-DP ({COMBO_BUDGET:.0%}) + fewer steps beats fewer steps alone at equal total MACs ({b})",
-              paper=PAPER_COMPOUND, quantity=q_err.format("sara_dp+fewer_steps", "fewer_steps"), values=combo,
-              baseline=fewer, units=draws, unit="draw", target=0.0, op="<"),
-        claim(f"{prefix}the effective rank of the denoiser output varies across steps by >= 25% of its mean",
-              paper=PAPER_PREMISE, quantity="(max - min) / mean over steps of the output's effective rank "
-              "(Roy-Vetterli, fraction of full), per draw", values=spread, units=sorted(by_draw), unit="draw",
-              target=0.25, op=">="),
-        claim(f"{prefix}the benchmark model's layer spectra decay (trained vs its initialisation)", paper=PAPER_SPECTRA,
-              quantity=q_spec.format("trained", "init"), values=trained, baseline=init0, units=layers,
-              unit="layer", target=0.0, op=">"),
+              paper=PAPER_COMPOUND, quantity=q_err.format("sara_dp+fewer_steps", "fewer_steps"), target=0.0, op="<",
+              name=name("compound"), requires=spectra, **err("sara_dp+fewer_steps", "fewer_steps")),
     ]
     if timing:
         t_dp, t_full, t_units = paired(rows, "seconds", {"model": model, "method": "time_sara_dp"},
                                        {"model": model, "method": "time_full"}, unit="round")
-        claims.insert(4, claim(f"{prefix}SARA-DP at {b} MACs samples faster than full rank (wall clock)",
+        claims.insert(5, claim(f"{prefix}SARA-DP at {b} MACs samples faster than full rank (wall clock)",
                                paper=PAPER_COMPOUND,
                                quantity="sampling wall time(sara_dp) / wall time(full), geometric mean over paired "
                                "rounds", values=t_dp, baseline=t_full, compare="ratio", units=t_units, unit="round",
-                               target=1.0, op="<"))
+                               target=1.0, op="<", requires=spectra))
+    shuffled_dp = "SARA-DP's levels at randomly permuted steps (same MACs)"
+    competitors = [
+        competitor(name("dp_uniform"), f"{prefix}the DP schedule with its steps shuffled below uniform rank",
+                   competitor=shuffled_dp, quantity=q_err.format("sara_dp_shuffled", "uniform"), target=0.0, op="<",
+                   **err("sara_dp_shuffled", "uniform")),
+        competitor(name("dp_static"), f"{prefix}the DP schedule with its steps shuffled below static SVD",
+                   competitor=shuffled_dp, quantity=q_err.format("sara_dp_shuffled", "static"), target=0.0, op="<",
+                   **err("sara_dp_shuffled", "static")),
+        competitor(name("online_uniform"), f"{prefix}the online fractions shuffled across steps below uniform rank",
+                   competitor="SARA-Online's fractions at randomly permuted steps (same MACs)",
+                   quantity=q_err.format("online_shuffled", "uniform"), target=0.0, op="<",
+                   **err("online_shuffled", "uniform")),
+        competitor(name("compound"), f"{prefix}uniform rank ({COMBO_BUDGET:.0%}) + fewer steps beats fewer steps "
+                   "alone at equal total MACs", competitor="uniform rank in SARA-DP's place on the same trajectory",
+                   quantity=q_err.format("uniform+fewer_steps", "fewer_steps"), target=0.0, op="<",
+                   **err("uniform+fewer_steps", "fewer_steps")),
+    ]
     controls = [
         claim(f"{prefix}SARA-DP's schedule with its steps shuffled (same MACs) beats SARA-DP at {b}", paper=PAPER_DP,
-              quantity=q_err.format("sara_dp_shuffled", "sara_dp"), values=shuffled, baseline=dp2, units=draws,
-              unit="draw", target=0.0, op="<"),
+              quantity=q_err.format("sara_dp_shuffled", "sara_dp"), target=0.0, op="<",
+              **err("sara_dp_shuffled", "sara_dp")),
         claim(f"{prefix}an untrained model's layer spectra 'decay' (a second random init vs the first)",
               paper=PAPER_SPECTRA, quantity=q_spec.format("init_1", "init_0"), values=init1, baseline=init0b,
               units=layers, unit="layer", target=0.0, op=">"),
     ]
-    return claims, controls
+    return claims, controls, premises, competitors
 
 
 def _summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

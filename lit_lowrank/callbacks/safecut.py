@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -11,6 +12,7 @@ from torch import Tensor, nn
 
 from lit_lowrank.core.loss_hooks import MethodCallback, require_outputs
 from lit_lowrank.ops.cut_statistic import CutStatistic, cut_statistic, knn_graph
+from lit_lowrank.callbacks.shot import freeze_hypothesis
 from lit_lowrank.ops.information_maximization import centroid_pseudo_labels, information_maximization_loss
 from lit_lowrank.ops.safecut_gate import GateMode, safecut_gate
 
@@ -22,7 +24,7 @@ def _empty_counts() -> dict[str, float]:
     return {"to_first": 0, "to_second": 0, "none": 0, "corrections": 0, "miscorrections": 0,
             "corrections_to_second": 0, "miscorrections_to_second": 0, "correction_weight_first": 0.0,
             "miscorrection_weight_first": 0.0, "correction_weight_second": 0.0, "miscorrection_weight_second": 0.0,
-            "seen": 0}
+            "seen": 0, "z_right_sum": 0.0, "z_right_n": 0, "z_wrong_sum": 0.0, "z_wrong_n": 0}
 
 
 class SafeCut(MethodCallback):
@@ -40,12 +42,18 @@ class SafeCut(MethodCallback):
     ``beta > 0``, cross-entropy to its own centroid pseudo-labels — so with no
     confident teacher SafeCut falls back to SHOT.
 
-    The second model (a vision–language zero-shot classifier, or any classifier with
-    different failure modes; ``forward(x) -> logits``, optionally
-    ``forward_features(x)``) belongs to the callback, not to the module: the module's
-    structure and checkpoint stay those of the adapted model, and the callback steps
-    the second model with its own AdamW (``second_lr``) after each training batch; its
-    weights and optimizer state are in the callback's ``state_dict`` (resume-safe).
+    The second model (a vision–language zero-shot classifier such as
+    :class:`~lit_lowrank.models.ZeroShotCLIP`, or any classifier with different failure
+    modes; ``forward(x) -> logits`` and ``forward_features(x) -> (B, D)``, optionally
+    ``logits_from_features`` to share one forward) belongs to the callback, not to the
+    module: the module's structure and checkpoint stay those of the adapted model, and the
+    callback steps the second model with its own AdamW (``second_lr``) after each training
+    batch; its weights and optimizer state are in the callback's ``state_dict``
+    (resume-safe). Only the second model's parameters the user left trainable
+    (``requires_grad``), and among them those ``trainable`` matches, adapt: a frozen CLIP
+    with learnable prompts adapts its prompts only. A second model without
+    ``forward_features`` is refused unless ``graph_features="frozen"`` (the graph then
+    comes from ``graph_encoder``, and so do its centroid pseudo-labels).
     Multi-process strategies are refused while the second model adapts (its gradients
     would not be synchronised).
 
@@ -72,13 +80,19 @@ class SafeCut(MethodCallback):
         graph_encoder: the frozen feature extractor of ``graph_features="frozen"``
             (``x -> (B, D)``): e.g. a frozen copy of the source backbone, a CLIP image
             tower, or ``nn.Flatten()`` for raw pixels. Never trained.
-        adapt_second: train the second model too (forced off for ``one_way``).
+        adapt_second: train the second model too (forced off for ``one_way``; off, its forward
+            runs without gradients).
+        trainable: a regular expression over the second model's parameter names
+            (``re.search``): of its parameters with ``requires_grad``, only those matching adapt
+            (``None``: all of them; e.g. ``"class_embeddings"`` or ``"lora_"``). ``requires_grad``
+            is never changed.
         second_lr: learning rate of the second model's AdamW.
+        freeze_head: the adapted module's classifier head, frozen as in SHOT (``None``: adapt it).
         input_key: batch key of the second model's input.
 
     .. code-block:: python
 
-        second = DigitPrototypeClassifier()
+        second = CrossDatasetDigitClassifier(seed=0)     # or ZeroShotCLIP(clip_folder, class_names)
         trainer = L.Trainer(max_epochs=3, callbacks=[SafeCut(second, k=10)])
         trainer.fit(ClassificationModule("cnn_small", in_chans=1, supervised=False, weights_path="source.ckpt"),
                     datamodule=ShiftedDigitsDataModule(shift="rotate"))
@@ -99,7 +113,9 @@ class SafeCut(MethodCallback):
         graph_features: GraphFeatures = "own",
         graph_encoder: nn.Module | None = None,
         adapt_second: bool = True,
+        trainable: str | None = None,
         second_lr: float = 1e-3,
+        freeze_head: str | None = "head",
         input_key: str = "x",
     ) -> None:
         if mode not in ("safecut", "naive", "one_way"):
@@ -109,8 +125,15 @@ class SafeCut(MethodCallback):
         if graph_features == "frozen" and graph_encoder is None:
             raise ValueError("`graph_features`='frozen' needs `graph_encoder` (a frozen x -> (B, D) feature "
                              "extractor, e.g. a copy of the source backbone or nn.Flatten() for pixels).")
+        if not callable(getattr(second_model, "forward_features", None)) and graph_features != "frozen":
+            raise TypeError(
+                f"SafeCut: the second model {type(second_model).__name__} has no `forward_features(x) -> (B, D)`, "
+                f"which graph_features={graph_features!r} builds its kNN graph from. Give it one (a CLIP classifier: "
+                "lit_lowrank.models.ZeroShotCLIP), or build the graph on frozen features explicitly: "
+                "graph_features='frozen', graph_encoder=<a frozen x -> (B, D) encoder>.")
         self.graph_encoder = graph_encoder
         self.second_model = second_model
+        self.trainable, self.freeze_head = trainable, freeze_head
         self.k, self.threshold, self.gap_scale = k, threshold, gap_scale
         self.weight, self.im_weight, self.beta, self.mode = weight, im_weight, beta, mode
         self.graph_features, self.input_key = graph_features, input_key
@@ -126,31 +149,49 @@ class SafeCut(MethodCallback):
                 f"SafeCut(adapt_second=True) runs on one process; got world_size={trainer.world_size} "
                 f"({type(trainer.strategy).__name__}). Use adapt_second=False or a single device."
             )
+        freeze_hypothesis(pl_module, self.freeze_head, "SafeCut")
         self.second_model.to(pl_module.device)
-        self.second_model.requires_grad_(self.adapt_second)
         if self.graph_encoder is not None:
             self.graph_encoder.to(pl_module.device).requires_grad_(False).eval()
         if self.adapt_second and self.second_optimizer is None:
-            self.second_optimizer = torch.optim.AdamW(self.second_model.parameters(), lr=self.second_lr)
+            self.second_optimizer = torch.optim.AdamW(self.adapted_parameters(), lr=self.second_lr)
             if self._pending_optimizer_state is not None:
                 self.second_optimizer.load_state_dict(self._pending_optimizer_state)
                 self._pending_optimizer_state = None
+
+    def adapted_parameters(self) -> list[nn.Parameter]:
+        """The second model's parameters SafeCut adapts: ``requires_grad`` and matching ``trainable``."""
+        chosen = [p for n, p in self.second_model.named_parameters()
+                  if p.requires_grad and (self.trainable is None or re.search(self.trainable, n))]
+        if not chosen:
+            trainable = [n for n, p in self.second_model.named_parameters() if p.requires_grad]
+            raise ValueError(
+                f"SafeCut(adapt_second=True, trainable={self.trainable!r}): no parameter of the second model "
+                f"{type(self.second_model).__name__} is left to adapt (parameters with requires_grad: "
+                f"{trainable[:5]}{'...' if len(trainable) > 5 else ''}). Unfreeze some, fix `trainable`, or pass "
+                "adapt_second=False.")
+        return chosen
 
     def on_train_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any,
                            batch: Any, batch_idx: int) -> None:
         # the module's backward filled the second model's gradients through on_loss
         if self.second_optimizer is not None:
             self.second_optimizer.step()
-            self.second_optimizer.zero_grad(set_to_none=True)
+        # trainable parameters `trainable` left out got gradients too: drop them, never step them
+        self.second_model.zero_grad(set_to_none=True)
 
-    def _second_forward(self, batch: Any) -> tuple[Tensor, Tensor]:
+    def _second_forward(self, batch: Any) -> tuple[Tensor, Tensor | None]:
         model = self.second_model
         if not isinstance(batch, dict) or self.input_key not in batch:
             raise ValueError(f"SafeCut reads the second model's input from batch[{self.input_key!r}] "
                              "(dict batches); set `input_key`.")
         x = batch[self.input_key]
-        logits = model(x)
-        features = model.forward_features(x) if hasattr(model, "forward_features") else logits.softmax(-1)
+        with torch.enable_grad() if self.adapt_second else torch.no_grad():
+            if not callable(getattr(model, "forward_features", None)):  # graph_features="frozen" (checked at init)
+                return model(x), None
+            features = model.forward_features(x)
+            head = getattr(model, "logits_from_features", None)
+            logits = head(features) if callable(head) else model(x)
         return logits, features
 
     def on_loss(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", batch: Any,
@@ -158,6 +199,9 @@ class SafeCut(MethodCallback):
         require_outputs(outputs, ("logits", "features"), "SafeCut")
         logits_a, feats_a = outputs["logits"], outputs["features"]
         logits_b, feats_b = self._second_forward(batch)
+        if feats_b is None:  # no forward_features: its centroid pseudo-labels use the frozen graph's features
+            with torch.no_grad():
+                feats_b = self.graph_encoder(batch[self.input_key])
         if logits_b.shape != logits_a.shape:
             raise ValueError(f"SafeCut: the second model's logits {tuple(logits_b.shape)} do not match the "
                              f"module's {tuple(logits_a.shape)} (same classes, same order expected).")
@@ -171,7 +215,7 @@ class SafeCut(MethodCallback):
         base = self._shot_loss(logits_a, feats_a)
         if self.adapt_second:
             base = base + self._shot_loss(logits_b, feats_b)
-        self._diagnose(pl_module, batch, to_a, to_b, labels_a, labels_b, z_a.z_global, z_b.z_global)
+        self._diagnose(pl_module, batch, to_a, to_b, labels_a, labels_b, z_a, z_b)
         return loss + self.weight * cross + base
 
     def reliability(self, batch: Any, feats_a: Tensor, feats_b: Tensor, labels_a: Tensor, labels_b: Tensor,
@@ -201,7 +245,7 @@ class SafeCut(MethodCallback):
         return loss
 
     def _diagnose(self, pl_module: "pl.LightningModule", batch: Any, to_a: Tensor, to_b: Tensor,
-                  labels_a: Tensor, labels_b: Tensor, z_global_a: Tensor, z_global_b: Tensor) -> None:
+                  labels_a: Tensor, labels_b: Tensor, z_a: CutStatistic, z_b: CutStatistic) -> None:
         disagree = labels_a != labels_b
         n_to_a, n_to_b = int(((to_a > 0) & disagree).sum()), int(((to_b > 0) & disagree).sum())
         n_none = int((disagree & (to_a == 0) & (to_b == 0)).sum())
@@ -211,15 +255,20 @@ class SafeCut(MethodCallback):
         self.log_method(pl_module, "gate_to_first", float(n_to_a))
         self.log_method(pl_module, "gate_to_second", float(n_to_b))
         self.log_method(pl_module, "gate_none", float(n_none))
-        self.log_method(pl_module, "z_global_first", z_global_a)
-        self.log_method(pl_module, "z_global_second", z_global_b)
+        self.log_method(pl_module, "z_global_first", z_a.z_global)
+        self.log_method(pl_module, "z_global_second", z_b.z_global)
         y = batch.get("y") if isinstance(batch, dict) else None
         if y is not None:  # evaluation only: labels are read for these counts, never for the loss
-            self._count_corrections(y, to_a, to_b, labels_a, labels_b)
+            fixes, breaks = self._count_corrections(y, to_a, to_b, labels_a, labels_b)
+            self._count_z(y, z_a.z, z_b.z, labels_a, labels_b)
+            self.log_method(pl_module, "corrections", float(fixes))
+            self.log_method(pl_module, "miscorrections", float(breaks))
 
-    def _count_corrections(self, y: Tensor, to_a: Tensor, to_b: Tensor, labels_a: Tensor, labels_b: Tensor) -> None:
+    def _count_corrections(self, y: Tensor, to_a: Tensor, to_b: Tensor, labels_a: Tensor,
+                           labels_b: Tensor) -> tuple[int, int]:
         """Taught labels that fix the student (teacher right, student wrong) or break it
-        (teacher wrong, student right), per direction, as counts and gate-weighted sums."""
+        (teacher wrong, student right), per direction, as counts and gate-weighted sums;
+        returns this batch's (fixes, breaks) over both directions."""
         right_a, right_b = labels_a == y, labels_b == y
         fix_a, break_a = (to_a > 0) & right_b & ~right_a, (to_a > 0) & ~right_b & right_a
         fix_b, break_b = (to_b > 0) & right_a & ~right_b, (to_b > 0) & ~right_a & right_b
@@ -233,6 +282,25 @@ class SafeCut(MethodCallback):
         c["correction_weight_second"] += float((to_b * fix_b).sum())
         c["miscorrection_weight_second"] += float((to_b * break_b).sum())
         c["seen"] += int(y.numel())
+        return int(fix_a.sum() + fix_b.sum()), int(break_a.sum() + break_b.sum())
+
+    def _count_z(self, y: Tensor, z_a: Tensor, z_b: Tensor, labels_a: Tensor, labels_b: Tensor) -> None:
+        """Sums of the local z of right and of wrong labels, both models (the gate's premise)."""
+        z, right = torch.cat([z_a, z_b]), torch.cat([labels_a == y, labels_b == y])
+        c = self.counts
+        c["z_right_sum"] += float(z[right].sum())
+        c["z_right_n"] += int(right.sum())
+        c["z_wrong_sum"] += float(z[~right].sum())
+        c["z_wrong_n"] += int((~right).sum())
+
+    def z_separation(self) -> float:
+        """Mean local z of wrong labels minus that of right labels, both models, over every step so
+        far (labels read for evaluation only). > 0: the statistic ranks right labels as more
+        reliable, what the gate needs; NaN before any labelled batch."""
+        c = self.counts
+        if not (c["z_right_n"] and c["z_wrong_n"]):
+            return float("nan")
+        return c["z_wrong_sum"] / c["z_wrong_n"] - c["z_right_sum"] / c["z_right_n"]
 
     def net_correction(self, into: Literal["both", "first", "second"] = "both") -> float:
         """Gate-weighted (corrections − miscorrections) / (corrections + miscorrections) of the

@@ -22,7 +22,8 @@ run's fractions replayed or shuffled).
     from lit_lowrank.callbacks.sara_controller import apply_sara
 
     with apply_sara(pipe.unet) as sara:                     # diffusers pipeline, or module.model
-        sara.calibrate(lambda: pipe(prompts[:2], num_inference_steps=25), budget=0.6)
+        sara.calibrate(lambda: pipe(prompts[:2], num_inference_steps=25,          # deterministic: seeded
+                                    generator=torch.Generator().manual_seed(0)), budget=0.6)
         images = pipe(prompts, num_inference_steps=25).images
         print(sara.macs_ratio())
     # leaving the block restores the original Linear layers
@@ -50,7 +51,8 @@ from lit_lowrank.ops.sara import (
 )
 from lit_lowrank.ops.svd_linear import SVDLinear, is_factorable_conv, is_pointwise_conv
 
-__all__ = ["CONDITIONING_LAYERS", "DEFAULT_LEVELS", "SARAController", "apply_sara", "auto_block_name"]
+__all__ = ["CONDITIONING_LAYERS", "DEFAULT_LEVELS", "SARAController", "apply_sara", "auto_block_name",
+           "clean_sample_signal"]
 
 #: rank fractions of ``min(m, n)`` that SARA-DP chooses among (1.0 = the original layer).
 DEFAULT_LEVELS: tuple[float, ...] = (0.125, 0.25, 0.375, 0.5, 1.0)
@@ -82,6 +84,56 @@ def _tensor_of(output: Any) -> Tensor:
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
         return output[0]
     raise TypeError(f"SARA cannot read a tensor from the denoiser output of type {type(output).__name__}.")
+
+
+def clean_sample_signal(alphas_cumprod: Tensor, prediction_type: str = "epsilon",
+                        ) -> Callable[[Tensor, tuple[Any, ...], dict[str, Any]], Tensor]:
+    """A SARA-Online ``signal``: the clean sample x̂₀ that a denoiser output implies at its timestep.
+
+    An ε-prediction output is noise-like at every step (its effective rank barely moves), while the
+    x̂₀ it implies goes from a coarse mean to a detailed image: the quantity whose rank the abstract's
+    premise is about. ``x̂₀ = (x_t − √(1−ᾱ_t) ε̂)/√ᾱ_t`` (ε), ``√ᾱ_t x_t − √(1−ᾱ_t) v̂`` (v), the output
+    itself (``"sample"``). The timestep and ``x_t`` are read from the denoiser call (``args[0]``,
+    ``args[1]`` or ``timestep=``). Learned-variance outputs (twice the input channels) use their
+    first half.
+
+    .. code-block:: python
+
+        s = clean_sample_signal(module.noise_scheduler.alphas_cumprod, module.prediction_type)
+        with apply_sara(module.model, mode="online", threshold=0.3, signal=s): ...
+    """
+    if prediction_type not in ("epsilon", "v_prediction", "sample"):
+        raise ValueError(f"`prediction_type`={prediction_type!r}, expected 'epsilon', 'v_prediction' or 'sample'.")
+    table = alphas_cumprod.detach().double().cpu()
+
+    def signal(output: Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
+        x = args[0] if args else kwargs.get("hidden_states", kwargs.get("sample"))
+        t = SARAController._read_timestep(args, kwargs)
+        if not isinstance(x, Tensor) or t is None:
+            raise ValueError("clean_sample_signal needs the denoiser's input x_t (args[0]) and timestep.")
+        out = output[:, : x.shape[1]] if output.shape[1] == 2 * x.shape[1] else output
+        if prediction_type == "sample":
+            return out
+        a = float(table[int(round(t))])
+        if prediction_type == "epsilon":
+            return (x - math.sqrt(1 - a) * out) / math.sqrt(a)
+        return math.sqrt(a) * x - math.sqrt(1 - a) * out
+    return signal
+
+
+def _samples_of(output: Any, where: str) -> Tensor:
+    """The samples a sampling call returned, as a float64 tensor: a tensor, ``.sample``, a pipeline's
+    ``.images`` (tensor, numpy array or list of PIL images) or the first element of a tuple."""
+    images = getattr(output, "images", output)
+    if isinstance(images, (list, tuple)) and images and not isinstance(images[0], Tensor):
+        images = np.stack([np.asarray(im) for im in images])  # PIL images (a pipeline's default output)
+    if isinstance(images, np.ndarray):
+        return torch.from_numpy(images.astype(np.float64))
+    try:
+        return _tensor_of(images).double()
+    except TypeError:
+        raise ValueError(f"SARA {where} needs `run()` to return the samples (a tensor, a numpy array, PIL images or a "
+                         f"pipeline output with `.images`); got {type(output).__name__}.") from None
 
 
 class SARAController:
@@ -128,6 +180,7 @@ class SARAController:
         self.policy = "full"
         self.schedule: np.ndarray | None = None  # (T, B) level index per step and block
         self.threshold = 0.0
+        self.first_fraction = 1.0
         self._static: dict[str, int | None] = {}
         self.step = -1
         self._last_t: float | None = None
@@ -241,12 +294,19 @@ class SARAController:
             raise ValueError(f"`schedule` entries must be level indices in [0, {len(self.levels) - 1}].")
         self.schedule, self.policy = schedule, "dp"
 
-    def set_online(self, threshold: float) -> None:
-        """SARA-Online with output tolerance ``threshold`` (see :func:`~lit_lowrank.ops.sara.online_rank_fraction`)."""
+    def set_online(self, threshold: float, first_fraction: float = 1.0) -> None:
+        """SARA-Online with output tolerance ``threshold`` (see :func:`~lit_lowrank.ops.sara.online_rank_fraction`).
+
+        ``first_fraction``: the rank fraction of the first step, which has no previous output to read
+        (1.0 = dense, the default; with T steps a dense first step is ``1/T`` of the dense MACs).
+        """
         self._require_attached()
         if threshold < 0:
             raise ValueError(f"`threshold` must be >= 0, got {threshold!r}.")
+        if not 0.0 <= first_fraction <= 1.0:
+            raise ValueError(f"`first_fraction` must be in [0, 1], got {first_fraction!r}.")
         self.threshold, self.policy = float(threshold), "online"
+        self.first_fraction = float(first_fraction)
 
     def set_fractions(self, fractions: Sequence[float]) -> None:
         """A fixed rank fraction per step (every layer at ``⌈f_t · min(m, n)⌉``; 1.0 = dense)."""
@@ -277,9 +337,9 @@ class SARAController:
             if step >= len(self._fractions):
                 raise ValueError(f"the fraction schedule covers {len(self._fractions)} steps but step {step} ran.")
             return self._fraction_ranks(self._fractions[step])
-        # online: the previous step's output decides (none yet: the first step runs dense)
+        # online: the previous step's output decides (none yet: the first step runs at `first_fraction`)
         previous = self._outputs.get(step - 1)
-        fraction = 1.0 if previous is None else online_rank_fraction(previous, self.threshold)
+        fraction = self.first_fraction if previous is None else online_rank_fraction(previous, self.threshold)
         while len(self.step_fractions) <= step:
             self.step_fractions.append(1.0)
         self.step_fractions[step] = fraction
@@ -414,11 +474,15 @@ class SARAController:
         the unweighted sum misallocates rank across steps; ``propagate=False`` is the unweighted,
         output-level model (cheaper: no extra runs).
 
+        Every measurement compares separate ``run()`` calls, so ``run`` must be **deterministic**: a
+        second full-rank call checks it reproduces the first and raises otherwise (pass a seeded
+        ``generator=`` to a diffusers pipeline, ``noise=`` to ``DiffusionModule.sample``).
+
         Args:
-            run: a zero-argument call that samples with the denoiser (warm-up prompts / labels), with the
-                same number of steps as the sampling the schedule is for; with ``propagate=True`` it must
-                return the samples as a tensor (``DiffusionModule.sample``; a diffusers pipeline with
-                ``output_type="pt"``).
+            run: a zero-argument, deterministic call that samples with the denoiser (warm-up prompts /
+                labels, fixed noise), with the same number of steps as the sampling the schedule is for,
+                returning the samples (a tensor, numpy array, PIL images, or a pipeline output with
+                ``.images``).
             budget: MACs of the factored layers as a fraction of their full-rank MACs, in ``(0, 1]``.
             propagate: weight each step's errors by its measured propagation gain.
             probe: rank fraction of the propagation probe, in ``(0, 1)``.
@@ -440,6 +504,7 @@ class SARAController:
             self._calibration = None
         if not measured:
             raise RuntimeError("SARA calibration: `run` never called the denoiser.")
+        self._check_deterministic(run, reference)
         errors = np.stack([e for e, _ in measured])  # (T, B, L)
         costs = np.stack([c for _, c in measured])
         steps, blocks, levels = errors.shape
@@ -457,21 +522,38 @@ class SARAController:
         return self.schedule
 
     @torch.no_grad()
+    def _check_deterministic(self, run: Callable[[], Any], reference: Any) -> None:
+        """Run ``run()`` a second time at full rank and raise unless it reproduces ``reference``.
+
+        Every gain and error of the calibration compares separate ``run()`` calls; an unseeded sampler
+        draws new noise each call, and the DP then allocates rank to noise differences (measured: two
+        unseeded full-rank runs differ by 0.27 in relative error, more than any truncation).
+        """
+        policy, self.policy = self.policy, "full"
+        try:
+            again = run()
+        finally:
+            self.policy = policy
+        first, second = _samples_of(reference, "calibrate"), _samples_of(again, "calibrate")
+        if first.shape != second.shape or not torch.allclose(first, second, rtol=1e-4, atol=1e-5):
+            diff = float((first - second).norm() / first.norm().clamp_min(1e-12)) if first.shape == second.shape \
+                else math.inf
+            raise ValueError("SARA calibrate: two full-rank calls of `run()` returned different samples (relative "
+                             f"difference {diff:.3g}): the calibration compares separate runs, so `run` must be "
+                             "deterministic — fix its noise, e.g. `generator=torch.Generator().manual_seed(0)` for a "
+                             "diffusers pipeline or `noise=` / `generator=` for DiffusionModule.sample.")
+
+    @torch.no_grad()
     def _propagation_gains(self, run: Callable[[], Any], reference: Any, steps: int, probe: float) -> np.ndarray:
         """``g_t`` = final-sample relative error / step-t output relative error, one probe run per step."""
-        try:
-            ref = _tensor_of(reference).double()
-        except TypeError:
-            raise ValueError("SARA calibrate(propagate=True) needs `run()` to return the samples as a tensor "
-                             f"(got {type(reference).__name__}); return them (e.g. output_type='pt') or pass "
-                             "propagate=False.") from None
+        ref = _samples_of(reference, "calibrate")
         ranks = {n: fraction_rank(probe, m.full_rank) for n, m in self.layers.items()}
         gains = np.ones(steps)
         policy = self.policy
         try:
             for t in range(steps):
                 self._probe, self._probe_error = (t, ranks), None
-                sample = _tensor_of(run()).double()
+                sample = _samples_of(run(), "calibrate")
                 final = float((sample - ref).norm() / ref.norm().clamp_min(1e-12))
                 if self._probe_error:
                     gains[t] = final / self._probe_error

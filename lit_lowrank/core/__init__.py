@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 from lit_lowrank._lazy import lazy_exports
 
 if TYPE_CHECKING:  # static analysers and IDEs see the real names
-    from lit_lowrank.core.figures import log_figure, method_config
+    from lit_lowrank.core.figures import log_figure
+    from lit_lowrank.core.method_entry import log_method_entry, method_config
     from lit_lowrank.core.logging import log_method, method_key
     from lit_lowrank.core.loss_hooks import (
         OUTPUT_KEYS,
@@ -44,7 +45,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
     from lit_lowrank.core.temporary import temporarily_set
 
 _EXPORTS = {
-    "log_figure": "figures", "method_config": "figures",
+    "log_figure": "figures", "method_config": "method_entry", "log_method_entry": "method_entry",
     "log_method": "logging", "method_key": "logging",
     "OUTPUT_KEYS": "loss_hooks", "LossHookWarning": "loss_hooks", "MethodCallback": "loss_hooks", "apply_loss_hooks": "loss_hooks",
     "method_callbacks": "loss_hooks", "require_outputs": "loss_hooks",
@@ -62,8 +63,12 @@ __all__ = [
     "MethodSpec", "register_method", "unregister_method", "get_method", "all_methods", "implemented_methods",
     "methods_table", "find_modules", "replace_module", "mark_replaced", "is_replaced", "record_surgery",
     "surgery_records", "save_surgery", "rebuild_surgery", "import_object",
-    "temporarily_set", "log_figure", "method_config", "LossHookWarning",
+    "temporarily_set", "log_figure", "method_config", "log_method_entry", "LossHookWarning",
 ]
 
+
+from lit_lowrank.core import quiet as _quiet  # noqa: E402  (cheap: the logging module only)
+
+_quiet.install()
 
 __getattr__, __dir__ = lazy_exports(__name__, {k: f"{__name__}.{v}" for k, v in _EXPORTS.items()}, globals())

@@ -82,19 +82,33 @@ def _resume(kind: str, stateful: bool, structural: bool) -> str:
     return ", ".join(parts) + " (tested)" if parts else "stateless"
 
 
+def _distributed(spec: object, family: str) -> str:
+    """The DDP / FSDP cell: what ``tests/methods/test_distributed.py`` checks for this method (from the registry)."""
+    refuses, refuses_if = getattr(spec, "refuses"), getattr(spec, "refuses_if")
+    if family in refuses:
+        return "refused (tested)"
+    if family in refuses_if:
+        return f"refused {refuses_if[family].split(':')[0]} (tested)"
+    return "yes (tested)" if getattr(spec, family) else "untested"
+
+
 def capabilities_markdown() -> str:
     """The README's methods × (DDP, FSDP, checkpoint resume, stacks with) table, from the registry.
 
-    DDP: "yes (tested)" for a method that declares it (the contract suite runs a 2-process CPU DDP fit);
-    FSDP: no method is run under FSDP by the suite, so every row says "untested"; stacks with: the rows of
-    :data:`COMPOSITIONS` that stack.
+    DDP / FSDP: "yes (tested)" for a method that declares it (``MethodSpec.ddp`` / ``fsdp``): the contract suite
+    runs a 2-process CPU fit (gloo DDP; FSDP2 = ``ModelParallelStrategy`` with ``fully_shard``) and checks it ends
+    with the single-process run's weights; "refused (tested)" for a declared refusal (``refuses`` /
+    ``refuses_if``; the suite checks the error at ``setup`` names the strategy), listed with its reason under the
+    table; "untested" otherwise. Stacks with: the rows of :data:`COMPOSITIONS` that stack.
     """
     from lit_lowrank.core.registry import implemented_methods
 
     lines = ["| method | kind | DDP | FSDP | checkpoint resume | stacks with (tested) |", "|---|---|---|---|---|---|"]
+    reasons = []
     for m in implemented_methods():
-        ddp = "yes (tested)" if m.ddp else "untested"
         stacks = ", ".join(stacks_with(m.name)) or "–"
-        lines.append(f"| {m.name} | {m.kind} | {ddp} | untested | {_resume(m.kind, m.stateful, m.structural)} "
-                     f"| {stacks} |")
-    return "\n".join(lines)
+        lines.append(f"| {m.name} | {m.kind} | {_distributed(m, 'ddp')} | {_distributed(m, 'fsdp')} "
+                     f"| {_resume(m.kind, m.stateful, m.structural)} | {stacks} |")
+        for family, why in {**m.refuses_if, **m.refuses}.items():
+            reasons.append(f"- {m.name} refuses {family.upper()}: {why}.")
+    return "\n".join(lines + ([""] + reasons if reasons else []))

@@ -7,8 +7,9 @@
   checking, only when a real logger is attached), so plots cost nothing in tests and
   ``fast_dev_run``.
 - :func:`heatmap`, :func:`image_grid`, :func:`new_figure` — labelled plots every method reuses.
-- :func:`method_config` — ``{name: settings}`` of every lit_lowrank method in a run, logged as
-  the top-level ``method`` hyperparameter so W&B runs group and filter by method.
+- :func:`~lit_lowrank.core.method_entry.method_config` (in ``method_entry.py``) — the run's ``method`` entry.
+- Image keys never collide with scalar keys: a figure logged under a key a scalar already uses (``method/stac_r/ssp``
+  is both STAC-R's SSP value and its SSP figure) is logged as ``<key>_figure``.
 
 Matplotlib is imported only when a figure is drawn (the Agg backend: no display needed).
 """
@@ -68,6 +69,7 @@ def log_figure(trainer: "pl.Trainer | None", key: str, figure: "Figure", step: i
 
     W&B gets an image panel (``log_image``), TensorBoard an image (``add_image``), a logger
     with a ``log_dir`` (CSVLogger, or any other) a PNG ``<log_dir>/images/<key>_step<N>.png``.
+    A ``key`` a scalar of the run already uses becomes ``<key>_figure``.
     Off rank zero, or without a trainer, it only closes the figure.
 
     .. code-block:: python
@@ -79,6 +81,9 @@ def log_figure(trainer: "pl.Trainer | None", key: str, figure: "Figure", step: i
     written: list[str] = []
     if trainer is None or getattr(trainer, "global_rank", 0) != 0:
         return written
+    from lit_lowrank.core.logging import image_key
+
+    key = image_key(trainer, key)  # never the key of a scalar (``method/stac_r/ssp`` -> ``..._figure``)
     step = int(trainer.global_step if step is None else step)
     pixels = figure_to_array(figure)
     for logger in trainer.loggers:
@@ -147,77 +152,5 @@ def image_grid(images: Any, titles: list[str] | None = None, ncols: int = 8, tit
     return fig
 
 
-def _init_args(config: Any, cls: type) -> dict[str, Any] | None:
-    """``init_args`` of the first entry of a CLI config whose ``class_path`` names ``cls``."""
-    if isinstance(config, dict):
-        path = config.get("class_path")
-        if isinstance(path, str) and path.rsplit(".", 1)[-1] == cls.__name__:
-            return dict(config.get("init_args") or {})
-        children = config.values()
-    elif isinstance(config, list):
-        children = config
-    else:
-        return None
-    for child in children:
-        found = _init_args(child, cls)
-        if found is not None:
-            return found
-    return None
-
-
-def _plain(value: Any) -> Any:
-    """JSON-friendly settings: numbers, strings, lists, dicts; anything else as its repr."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    return repr(value) if not callable(value) else getattr(value, "__name__", repr(value))
-
-
-def method_config(trainer: "pl.Trainer", pl_module: "pl.LightningModule",
-                  config: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``{method name: {"class": ..., settings}}`` for every lit_lowrank method in a run.
-
-    Methods are the registry's components (and every callback from ``lit_lowrank``) among the
-    trainer's callbacks and the module; an ``AdapterInjector`` is named by its variant
-    (``sama``, ``polar``...). Settings are the CLI ``init_args`` when ``config`` is given, else
-    the module's hyperparameters / the callback's public attributes.
-    """
-    from lit_lowrank.core.registry import all_methods
-
-    by_class = {}
-    for spec in all_methods():
-        for component in [spec.component, *spec.extra.get("components", [])]:
-            if component:
-                by_class.setdefault(component.rsplit(".", 1)[-1], spec.name)
-    found: dict[str, Any] = {}
-
-    def settings(obj: Any) -> dict[str, Any]:
-        args = _init_args(config, type(obj)) if config is not None else None
-        if args is None:
-            hparams = getattr(obj, "hparams", None)
-            args = dict(hparams) if hparams else {k: v for k, v in vars(obj).items()
-                                                   if not k.startswith("_") and isinstance(v, (bool, int, float, str))}
-        return {"class": f"{type(obj).__module__}.{type(obj).__name__}", **_plain(args)}
-
-    for callback in getattr(trainer, "callbacks", []):
-        cls = type(callback)
-        if not cls.__module__.startswith("lit_lowrank"):
-            continue
-        entry = settings(callback)
-        name = by_class.get(cls.__name__) or getattr(callback, "method_name", None)
-        if cls.__name__ == "AdapterInjector":
-            name = str(entry.get("method") or getattr(callback, "method", "lora"))
-        if not name or name == "method":
-            name = re.sub(r"(?<!^)(?=[A-Z][a-z])", "_", cls.__name__).lower()
-        found[name] = entry
-    module_name = by_class.get(type(pl_module).__name__)
-    if module_name:
-        found[module_name] = settings(pl_module)
-    for module in pl_module.modules():
-        name = by_class.get(type(module).__name__)
-        if name and name not in found and module is not pl_module:
-            found[name] = {"class": f"{type(module).__module__}.{type(module).__name__}"}
-    return found
+# ``method_config`` moved to method_entry.py (the run's ``method`` entry); importable from here as before
+from lit_lowrank.core.method_entry import method_config  # noqa: E402,F401

@@ -52,6 +52,21 @@ class MethodCallback(pl.Callback):
     #: Raise (instead of warning once) when ``on_loss`` is overridden but never reached in a training step.
     strict: bool = False
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Every method refuses a strategy it cannot support before its own setup runs (issue #40): the subclass's
+        # ``setup`` is wrapped once, so a method that overrides ``setup`` without calling super() is covered too.
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("setup")
+        if own is not None and not getattr(own, "_lit_lowrank_checks_strategy", False):
+            cls.setup = _with_strategy_check(own)
+
+    def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+        from lit_lowrank.core.method_entry import log_method_entry
+        from lit_lowrank.core.strategy import check_strategy
+
+        check_strategy(trainer, pl_module)
+        log_method_entry(trainer, pl_module)  # the run's `method` entry in the loggers' hyperparameters
+
     def on_before_backward(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", loss: Tensor) -> None:
         check_loss_hooks_called(self, trainer, pl_module)
 
@@ -71,6 +86,25 @@ class MethodCallback(pl.Callback):
         from lit_lowrank.core.logging import log_method
 
         log_method(pl_module, self.method_name, name, value, **kwargs)
+
+
+def _with_strategy_check(setup: Any) -> Any:
+    import functools
+
+    @functools.wraps(setup)
+    def checked(self: Any, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> Any:
+        from lit_lowrank.core.method_entry import log_method_entry
+        from lit_lowrank.core.strategy import check_strategy
+
+        check_strategy(trainer, pl_module)
+        log_method_entry(trainer, pl_module)
+        return setup(self, trainer, pl_module, stage)
+
+    checked._lit_lowrank_checks_strategy = True  # type: ignore[attr-defined]
+    return checked
+
+
+MethodCallback.setup._lit_lowrank_checks_strategy = True  # type: ignore[attr-defined]
 
 
 def require_outputs(outputs: dict[str, Any], keys: tuple[str, ...], method: str) -> None:
@@ -142,6 +176,11 @@ def apply_loss_hooks(pl_module: "pl.LightningModule", batch: Any, outputs: dict[
     trainer = getattr(pl_module, "_trainer", None)
     if trainer is not None:
         setattr(trainer, _CALLED_ATTR, _batch_counter(trainer))
+        from lit_lowrank.core.method_entry import log_method_entry
+        from lit_lowrank.core.strategy import check_strategy
+
+        check_strategy(trainer, pl_module)  # components without a checked setup (once per trainer)
+        log_method_entry(trainer, pl_module)  # a mixin or a module of its own: once per trainer
     for callback in method_callbacks(trainer):
         new_loss = callback.on_loss(trainer, pl_module, batch, outputs, loss)
         if not isinstance(new_loss, torch.Tensor) or new_loss.dim() != 0:

@@ -38,6 +38,11 @@ class MethodSpec:
         stateful: a callback whose ``state_dict`` must survive save/resume.
         structural: changes the module's structure (idempotent, rebuilt on reload).
         ddp: declared to run under a 2-process CPU DDP fit.
+        fsdp: declared to run under a 2-process CPU FSDP2 fit (``ModelParallelStrategy``, ``fully_shard``).
+        refuses: strategy family (``"ddp"``, ``"fsdp"``, ``"deepspeed"``) -> why the method cannot run under it;
+            :func:`lit_lowrank.core.strategy.check_strategy` raises that reason at ``setup``.
+        refuses_if: refusals the method's own ``setup`` raises under a condition of its settings (family -> when
+            and why); documented in the capability table, checked by the contract suite, not enforced here.
     """
 
     name: str
@@ -52,6 +57,9 @@ class MethodSpec:
     stateful: bool = False
     structural: bool = False
     ddp: bool = False
+    fsdp: bool = False
+    refuses: dict[str, str] = field(default_factory=dict)
+    refuses_if: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -141,7 +149,7 @@ register_method(MethodSpec(
     "specdrop", "SpecDrop fixed parameter-free branch routing", "mixin", ("classification", "language_model"), 4,
     component="lit_lowrank.mixins.SpecDropBranches", config="configs/classification/specdrop_digits.yaml",
     baseline_config="configs/classification/specdrop_no_routing_digits.yaml", benchmark="specdrop",
-    structural=True, ddp=True,
+    structural=True, ddp=True, fsdp=True,
 ))
 register_method(MethodSpec(
     "specblock", "SpecBlock block-iterative speculative-decoding drafter", "engine", ("language_model",), 9,
@@ -172,23 +180,29 @@ register_method(MethodSpec(
     "polar_vbll", "PoLAR adapters with a variational Bayesian last layer", "adapter", ("classification", "language_model"),
     6, component="lit_lowrank.adapters.polar_vbll.PoLARVBLL", config="configs/classification/polar_vbll_digits.yaml",
     baseline_config="configs/classification/polar_vbll_lora_mle_digits.yaml", benchmark="polar_vbll", structural=True,
+    refuses={"ddp": "its alternating phases freeze the adapters or the head, which DDP's reducer reports as unused "
+                    "parameters; use strategy='ddp_find_unused_parameters_true'",
+             "fsdp": "its alternating phases switch requires_grad on parameters FSDP2 has already replaced by "
+                     "sharded DTensors, so the next phase's loss has no gradient path"},
 ))
 register_method(MethodSpec(
     "safecut", "SafeCut cut-statistic gated mutual correction (SFDA)", "callback", ("classification",), 8,
     component="lit_lowrank.callbacks.SafeCut", config="configs/classification/safecut_digits.yaml",
     baseline_config="configs/classification/shot_digits.yaml", benchmark="safecut", stateful=True,
+    refuses_if={"ddp": "with adapt_second=True (the default): the second model is adapted on one process",
+                "fsdp": "with adapt_second=True (the default): the second model is adapted on one process"},
 ))
 register_method(MethodSpec(
     "sama", "SaMA relaxed-Kronecker adapter", "adapter", ("classification", "language_model"), 5,
     component="lit_lowrank.adapters.SaMALinear", config="configs/classification/sama_minilm_tweets.yaml",
     baseline_config="configs/classification/lora_minilm_tweets.yaml", benchmark="lora_variants", structural=True,
-    ddp=True, extra={"injector": "lit_lowrank.adapters.AdapterInjector", "ops": "lit_lowrank.ops.sama"},
+    ddp=True, fsdp=True, extra={"injector": "lit_lowrank.adapters.AdapterInjector", "ops": "lit_lowrank.ops.sama"},
 ))
 register_method(MethodSpec(
     "stac_r", "STAC-R saved-activation compression with SSP", "callback", ("classification", "language_model"), 3,
     component="lit_lowrank.callbacks.STACR", config="configs/language_model/stac_r_gpt.yaml",
     baseline_config="configs/language_model/stac_r_exact_gpt.yaml", benchmark="stac_r", stateful=True, structural=True,
-    ddp=True,
+    ddp=True, fsdp=True,
 ))
 register_method(MethodSpec(
     "stable_rank", "Stable rank reward, Best-of-N and SR-GRPO", "op", ("language_model",), 11,
@@ -203,23 +217,28 @@ register_method(MethodSpec(
 register_method(MethodSpec(
     "sphquant", "SPHQuant spherical weight-only quantization", "engine", ("language_model",), 12,
     component="lit_lowrank.quant.SPHQuantizer", config="configs/language_model/sphquant_tiny_llama.yaml",
-    baseline_config="configs/language_model/sphquant_rtn_tiny_llama.yaml", benchmark="sphquant", structural=True,
+    baseline_config="configs/language_model/sphquant_rtn_tiny_llama.yaml", benchmark="sphquant", structural=True, ddp=True,
+    refuses={"fsdp": "it quantizes the trained weights in place at the end of fit with boolean masks and index ops "
+                     "that FSDP2's sharded DTensor weights do not support (aten.nonzero); quantize the gathered "
+                     "model after training (quantize_sph) instead"},
 ))
 register_method(MethodSpec(
     "sds_lora", "SDS-LoRA singular-direction-scaled LoRA gradients", "adapter", ("classification", "language_model"), 5,
     component="lit_lowrank.adapters.SDSLoraLinear", config="configs/classification/sds_lora_minilm_tweets.yaml",
     baseline_config="configs/classification/lora_minilm_tweets.yaml", benchmark="lora_variants", structural=True,
-    ddp=True, extra={"injector": "lit_lowrank.adapters.AdapterInjector"},
+    ddp=True, fsdp=True, extra={"injector": "lit_lowrank.adapters.AdapterInjector"},
 ))
 register_method(MethodSpec(
     "sd_lora", "SD-LoRA structural distillation for few-shot CLIP", "adapter", ("fewshot",), 7,
     component="lit_lowrank.adapters.SDLoRA", config="configs/fewshot/sd_lora_digits.yaml",
-    baseline_config="configs/fewshot/clip_lora_digits.yaml", benchmark="sd_lora", stateful=True,
+    baseline_config="configs/fewshot/clip_lora_digits.yaml", benchmark="sd_lora", stateful=True, ddp=True,
+    refuses={"fsdp": "the few-shot CLIP module it trains keeps logit_scale as a 0-d parameter, which FSDP2's "
+                     "fully_shard refuses to shard"},
 ))
 register_method(MethodSpec(
     "sara", "SARA step-adaptive SVD rank for diffusion inference", "callback", ("diffusion",), 14,
     component="lit_lowrank.callbacks.SARA", config="configs/diffusion/sara_dp_digits.yaml",
-    baseline_config="configs/diffusion/sara_uniform_digits.yaml", benchmark="sara",
+    baseline_config="configs/diffusion/sara_uniform_digits.yaml", benchmark="sara", ddp=True, fsdp=True,
 ))
 register_method(MethodSpec(
     "rubiconv", "RubiConv exact boundary-respecting packed FFT convolution", "op", ("language_model",), 18,
@@ -230,6 +249,6 @@ register_method(MethodSpec(
     "moe_quant", "MoE MXFP4 QAT with routing replay and load-aware compensation", "callback", ("language_model",), 13,
     component="lit_lowrank.callbacks.MoEQuantQAT", config="configs/language_model/moe_quant_qwen3_moe.yaml",
     baseline_config="configs/language_model/moe_quant_noreplay_uniform_qwen3_moe.yaml", benchmark="moe_quant",
-    structural=True,
+    structural=True, ddp=True, fsdp=True,
     extra={"components": ["lit_lowrank.callbacks.MoEQuantQAT", "lit_lowrank.callbacks.RoutingReplay"]},
 ))

@@ -25,6 +25,53 @@ class UnsafeFileError(ValueError):
     """A weights file holds objects that loading would have to execute (refused)."""
 
 
+class CorruptFileError(ValueError):
+    """A checkpoint or weights file is not readable as one (truncated, empty, or another format)."""
+
+
+#: What a ``torch.save`` file starts with: a zip archive (PyTorch >= 1.6) or a legacy pickle.
+_ZIP_MAGIC, _PICKLE_MAGIC = b"PK\x03\x04", b"\x80"
+
+
+def check_checkpoint_file(path: str | Path, *, param: str) -> Path:
+    """Raise a clear error naming ``param`` and ``path`` unless ``path`` is a complete ``torch.save`` file.
+
+    A missing path, a folder, an empty or truncated file (a copy cut short: its zip directory is missing) and a
+    file of another format each get their own message, instead of ``OSError: [Errno 22] Invalid argument`` or
+    ``PytorchStreamReader failed reading zip archive`` from deep inside ``torch.load``. Reads the zip directory
+    only, not the tensors.
+
+    .. code-block:: python
+
+        check_checkpoint_file(ckpt_path, param="ckpt_path")
+    """
+    import zipfile
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"`{param}`={str(path)!r} does not exist; expected a checkpoint file.")
+    if not path.is_file():
+        raise CorruptFileError(f"`{param}`={str(path)!r} is a folder; expected a checkpoint file.")
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        head = handle.read(4)
+    if head.startswith(_PICKLE_MAGIC):
+        return path  # a legacy (pre-zip) torch.save file: torch.load reports its own errors
+    if head != _ZIP_MAGIC:
+        what = "is empty" if size == 0 else "is not a PyTorch checkpoint (no torch.save zip archive)"
+        raise CorruptFileError(f"`{param}`={str(path)!r} {what}; expected a file written by torch.save / "
+                               "Trainer.save_checkpoint.")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError) as err:
+        raise CorruptFileError(
+            f"`{param}`={str(path)!r} is truncated or damaged ({size} bytes; its zip directory cannot be read: "
+            f"{err}); copy it again or use another checkpoint."
+        ) from err
+    return path
+
+
 def load_weights_file(path: str | Path, *, param: str, map_location: Any = "cpu") -> Any:
     """The tensors (and plain containers) stored in ``path``, never executing code from it.
 
@@ -35,15 +82,21 @@ def load_weights_file(path: str | Path, *, param: str, map_location: Any = "cpu"
 
     Raises:
         FileNotFoundError: ``path`` is not a file.
+        CorruptFileError: ``path`` is empty, truncated or of another format (:func:`check_checkpoint_file`).
         UnsafeFileError: the file holds other objects (pickled classes or functions): it is not unpickled.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"`{param}`={str(path)!r} does not exist; expected a weights or checkpoint file.")
     if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        return load_file(str(path), device=map_location if isinstance(map_location, str) else "cpu")
+        try:
+            return load_file(str(path), device=map_location if isinstance(map_location, str) else "cpu")
+        except SafetensorError as err:
+            raise CorruptFileError(f"`{param}`={str(path)!r} is not a readable safetensors file ({err}).") from err
+    check_checkpoint_file(path, param=param)
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:

@@ -53,6 +53,7 @@ from lit_lowrank.models.pretrained import (
     smollm2_path,
 )
 from lit_lowrank.models.cross_dataset import CrossDatasetDigitClassifier
+from lit_lowrank.models.zero_shot_clip import ZeroShotCLIP
 from lit_lowrank.models.prototype import DigitPrototypeClassifier, PrototypeClassifier, digit_view
 from lit_lowrank.models.resnet_cifar import (
     ResNetCifar,
@@ -68,6 +69,7 @@ __all__ = [
     "PrototypeClassifier",
     "DigitPrototypeClassifier",
     "CrossDatasetDigitClassifier",
+    "ZeroShotCLIP",
     "digit_view",
     "BACKBONES",
     "MLP",

@@ -258,3 +258,21 @@ def basin_distance(samples: Tensor, bank: Tensor) -> Tensor:
         raise ValueError(f"`samples` {tuple(samples.shape)} and `bank` {tuple(bank.shape)}: expected (N, ...) and "
                          "(M, ...) with M > 0 and the same trailing shape.")
     return torch.cdist(samples.flatten(1).float(), bank.flatten(1).float()).min(dim=1).values
+
+
+def sample_diversity(samples: Tensor) -> Tensor:
+    """Mean pairwise Euclidean distance between the samples of one concept (within-concept diversity).
+
+    A concept whose samples collapse onto one image scores 0; the vanilla class's own samples set the
+    scale (a created concept should not buy learnability by losing its variety).
+
+    Args:
+        samples: ``(N, ...)`` with N >= 2.
+
+    .. code-block:: python
+
+        ratio = sample_diversity(concept_images) / sample_diversity(vanilla_images)
+    """
+    if samples.dim() < 2 or samples.shape[0] < 2:
+        raise ValueError(f"`samples` has shape {tuple(samples.shape)}, expected (N, ...) with N >= 2.")
+    return torch.pdist(samples.flatten(1).float()).mean()

@@ -39,6 +39,10 @@ charged to the run being measured.
 from __future__ import annotations
 
 import contextlib
+import os
+import re
+import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +52,51 @@ import torch
 __all__ = ["PeakMemory", "Segment", "allocator_levels"]
 
 _MARK = "lit_lowrank.peak_memory:"
+
+
+#: Lines the profiler's C++ backend (Kineto) writes straight to the process's stderr when a CPU session starts and
+#: ends: ``USDT: ... profiler_start``, ``STAGE: ... Completed Stage``, and on a machine without a GPU
+#: ``ERROR: ... DeviceProperties.cpp:56] gpuGetDeviceCount failed with code 35`` — none of them about the run.
+_KINETO_LINE = re.compile(r"^(USDT|STAGE|INFO|WARNING|ERROR):\d{4}-\d\d-\d\d [\d:]+ \d+:\d+ \w+\.cpp:\d+\] ")
+
+
+@contextlib.contextmanager
+def _kineto_lines_dropped() -> Iterator[None]:
+    """Drop Kineto's own status lines (:data:`_KINETO_LINE`) written to file descriptor 2 inside the block.
+
+    Kineto prints from C++ (no Python logger or warning to filter), so the block's stderr goes to a temporary file
+    and every other line is written back to stderr afterwards, in order.
+    """
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # a stderr without a file descriptor (captured, notebook)
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile(mode="w+b") as capture:
+        os.dup2(capture.fileno(), fd)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            _flush_c_streams()  # Kineto's lines may still sit in the C library's buffer
+            os.dup2(saved, fd)
+            os.close(saved)
+            capture.seek(0)
+            kept = [line for line in capture.read().decode(errors="replace").splitlines(keepends=True)
+                    if not _KINETO_LINE.match(line)]
+            if kept:
+                os.write(fd, "".join(kept).encode())
+
+
+def _flush_c_streams() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):  # pragma: no cover - a libc without fflush: the lines only come later
+        pass
 
 
 @dataclass(frozen=True)
@@ -133,7 +182,8 @@ class PeakMemory:
             from torch.profiler import ProfilerActivity, profile
 
             self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-            self._prof.__enter__()
+            with _kineto_lines_dropped():
+                self._prof.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -144,9 +194,11 @@ class PeakMemory:
             self.peak_bytes = max(self.peak_bytes, torch.cuda.max_memory_allocated(self.device) - self._origin)
             return
         prof, self._prof = self._prof, None
-        prof.__exit__(*exc)
+        with _kineto_lines_dropped():
+            prof.__exit__(*exc)
+            results = prof.profiler.kineto_results.events()
         events, marks = [], {}
-        for e in prof.profiler.kineto_results.events():
+        for e in results:
             name = e.name()
             if name == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU:
                 events.append((e.start_ns(), int(e.nbytes())))

@@ -259,12 +259,6 @@ def plan_packed_conv(
 
 
 def _lags(size: int, taps: int, device: torch.device) -> Tensor:
-    """``(size, size)`` lag ``t - s`` where ``0 <= t - s < taps``, else ``taps`` (a zero column)."""
-    lag = torch.arange(size, device=device)[:, None] - torch.arange(size, device=device)[None, :]
-    return torch.where((lag >= 0) & (lag < taps), lag, torch.full_like(lag, taps))
-
-
-def _lags(size: int, taps: int, device: torch.device) -> Tensor:
     """``(P, P)`` lag ``t - s`` where ``0 <= t - s < taps``, else ``taps`` (it indexes a zero column)."""
     lag = torch.arange(size, device=device)[:, None] - torch.arange(size, device=device)[None, :]
     return torch.where((lag >= 0) & (lag < taps), lag, torch.full_like(lag, taps))

@@ -256,6 +256,26 @@ def prototype_predictive_alignment(features: Tensor, prototypes: Tensor, teacher
     return (log_p.exp() * (log_p - log_q)).sum(-1).mean()
 
 
+def logit_distillation_loss(student_logits: Tensor, teacher_logits: Tensor, tau: float = 2.0) -> Tensor:
+    """Hinton's KD into the deployed logits: ``τ² · mean_b KL(softmax(z_t/τ) ‖ softmax(z_s/τ))``, teacher detached.
+
+    ``student_logits`` ``(B, C)`` are the path the exported classifier runs (``s·f·Wcᵀ``), so the
+    teacher's predictions reach what is deployed, not only the shared LoRA weights through its graph.
+
+    .. code-block:: python
+
+        loss = logit_distillation_loss(outputs["logits"], teacher.logits(cosines), tau=2.0)
+    """
+    if tau <= 0:
+        raise ValueError(f"`tau`={tau}, expected > 0.")
+    if student_logits.shape != teacher_logits.shape or student_logits.dim() != 2:
+        raise ValueError(f"`student_logits` {tuple(student_logits.shape)} and `teacher_logits` "
+                         f"{tuple(teacher_logits.shape)}: expected the same (B, C).")
+    log_q = (teacher_logits.detach() / tau).log_softmax(-1)
+    log_p = (student_logits / tau).log_softmax(-1)
+    return tau * tau * (log_q.exp() * (log_q - log_p)).sum(-1).mean()
+
+
 def tip_adapter_logits(features: Tensor, text_weights: Tensor, cache_keys: Tensor, cache_values: Tensor,
                        alpha: float, beta: float, logit_scale: float = 100.0) -> Tensor:
     """Tip-Adapter: ``s·f Wcᵀ + α·exp(−β(1 − f Kᵀ)) V``.

@@ -22,6 +22,8 @@ same ``rows · r (m + n)`` MACs with ``rows`` = output pixels and ``n = C_in·k�
 
 from __future__ import annotations
 
+import math
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -48,13 +50,17 @@ class SVDLinear(nn.Module):
     """SVD-factored replacement of an ``nn.Linear`` or an ungrouped ``nn.Conv2d`` (1×1 or ``k×k``).
 
     The original layer is kept as ``base`` (its parameters are shared, not copied) so
-    it can be restored and runs at full rank. The factors ``us = U Σ`` ``(m, k)`` and
-    ``vh = Vᵀ`` ``(k, n)`` are buffers in the layer's dtype and device, computed once in
-    float32 or wider (:func:`~lit_lowrank.ops.lowrank.truncated_svd`); ``singular`` ``(k,)``
-    feeds the LRAE.
+    it can be restored and runs at full rank. The factors ``us = U Σ`` ``(m, c)`` and
+    ``vh = Vᵀ`` ``(c, n)`` are buffers in the layer's dtype and device, computed once in
+    float32 or wider (:func:`~lit_lowrank.ops.lowrank.truncated_svd`), and kept only up to
+    ``c = cached_rank``, the largest rank below the break-even rank: any rank at or above it runs
+    the dense ``base`` weight, so caching more would only add memory (full-rank ``U Σ`` and ``Vᵀ``
+    are ``(m + n) k`` values on top of the ``m n`` weights, 1.5–2× the layer).
+    ``singular`` ``(k,)`` (all ``k = min(m, n)`` values, cheap) feeds the LRAE.
 
     Attributes:
         rank: the active rank (``None`` = dense); set between forward calls.
+        cached_rank: the largest rank that runs factored (``⌈m n / (m + n)⌉ − 1``, ≥ 0): the factors' width.
         macs_used / macs_dense: MACs accumulated since :meth:`reset_macs`.
         rows_seen: input rows of the last call (for MACs planning).
     """
@@ -74,11 +80,13 @@ class SVDLinear(nn.Module):
         weight = layer.weight.detach().reshape(layer.weight.shape[0], -1)
         self.out_features, self.in_features = weight.shape
         self.full_rank = min(self.out_features, self.in_features)
-        u, s, vh = truncated_svd(weight, self.full_rank)
-        self.register_buffer("us", (u * s).to(weight.dtype), persistent=False)
-        self.register_buffer("vh", vh.to(weight.dtype), persistent=False)
-        self.register_buffer("singular", s, persistent=False)
         self.break_even = break_even_rank(self.out_features, self.in_features)
+        self.cached_rank = max(0, min(self.full_rank, math.ceil(self.break_even) - 1))
+        u, s, vh = truncated_svd(weight, self.full_rank)
+        c = self.cached_rank
+        self.register_buffer("us", (u[:, :c] * s[:c]).to(weight.dtype).contiguous(), persistent=False)
+        self.register_buffer("vh", vh[:c].to(weight.dtype).contiguous(), persistent=False)
+        self.register_buffer("singular", s, persistent=False)
         self.rank: int | None = None
         self.rows_seen = 0
         self.macs_used = 0

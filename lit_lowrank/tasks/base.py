@@ -53,6 +53,11 @@ class TaskModule(pl.LightningModule):
             config["monitor"] = "val/loss"
         return {"optimizer": optimizer, "lr_scheduler": config}
 
+    def on_fit_start(self) -> None:
+        from lit_lowrank.core.method_entry import log_method_entry
+
+        log_method_entry(self._trainer, self)  # the run's `method` entry, also when no method callback wrote it
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         save_surgery(self, checkpoint)
 

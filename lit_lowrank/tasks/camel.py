@@ -1,7 +1,8 @@
 """CAMELModule: Creator–Appraiser meta-learning of new concepts on a frozen conditional diffusion model.
 
 The Creator is a class-conditional :class:`~lit_lowrank.tasks.diffusion.DiffusionModule`
-whose UNet has a ``class_embedding`` table; a created concept is a new row z of that table
+whose denoiser (any model called as ``model(x, t, class_labels=...)``) looks its class labels up in
+one ``nn.Embedding`` table (:func:`find_class_table`); a created concept is a new row z of that table
 (initialised at a prompt class's embedding e_c and optimised). Samples X_z come from
 deterministic DDIM with fixed noise (:func:`lit_lowrank.ops.camel.ddim_sample`), so they are
 differentiable in z. The Appraiser (an autoencoder φ₀ for MNIST-like data, or for natural
@@ -42,6 +43,35 @@ APPRAISERS = ("autoencoder", "clip")
 CLIP_LOSSES = ("alignment", "classification")
 
 
+def find_class_table(model: nn.Module, name: str | None = None, num_classes: int | None = None) -> str:
+    """The dotted name of the ``nn.Embedding`` in ``model`` that its class labels index.
+
+    ``name`` given: that submodule, checked to be an ``nn.Embedding``. Otherwise ``class_embedding``
+    when it is one (diffusers ``UNet2DModel`` with ``num_class_embeds``), else the single
+    ``nn.Embedding`` with ``num_classes`` rows. A model with several such tables (diffusers'
+    ``DiTTransformer2DModel`` has one per block) is refused: a concept is one row of one table.
+
+    .. code-block:: python
+
+        find_class_table(UNet2DModel(sample_size=8, num_class_embeds=10, ...))   # 'class_embedding'
+    """
+    modules = dict(model.named_modules())
+    if name is not None:
+        if not isinstance(modules.get(name), nn.Embedding):
+            raise ValueError(f"`class_embedding`={name!r}: expected the name of an nn.Embedding in the Creator's model; "
+                             f"its embeddings are {[n for n, m in modules.items() if isinstance(m, nn.Embedding)]}.")
+        return name
+    if isinstance(modules.get("class_embedding"), nn.Embedding):
+        return "class_embedding"
+    found = [n for n, m in modules.items() if isinstance(m, nn.Embedding)
+             and (num_classes is None or m.num_embeddings == num_classes)]
+    if len(found) != 1:
+        raise ValueError(f"CAMEL needs a class-conditional Creator with one class embedding table (an nn.Embedding "
+                         f"with num_classes={num_classes} rows); found {found or 'none'} in "
+                         f"{type(model).__name__}: pass `class_embedding`= the table's name.")
+    return found[0]
+
+
 class CAMELModule(TaskModule):
     """Bilevel CAMEL: optimise new conditioning embeddings of a frozen diffusion Creator.
 
@@ -69,6 +99,9 @@ class CAMELModule(TaskModule):
         creator: a class-conditional DiffusionModule (default: ``unet_config`` + ``num_classes``).
         creator_checkpoint: a DiffusionModule checkpoint to load into the Creator.
         unet_config / num_classes: the default Creator's UNet and number of classes.
+        class_embedding: dotted name (in ``creator.model``) of the ``nn.Embedding`` that the class labels
+            index, the table a concept is appended to. Default: ``class_embedding`` (diffusers
+            ``UNet2DModel``), else the one ``nn.Embedding`` with the Creator's ``num_classes`` rows.
         appraiser: ``"autoencoder"`` (default: an :class:`MLPAutoencoder`, reconstruction loss, all its
             parameters adapted), ``"clip"`` (a :class:`CLIPAppraiser` loaded from ``clip_path``), a
             :class:`CLIPAppraiser` instance, or any ``nn.Module`` mapping images to reconstructions.
@@ -107,6 +140,7 @@ class CAMELModule(TaskModule):
         creator_checkpoint: str | None = None,
         unet_config: dict[str, Any] | None = None,
         num_classes: int = 10,
+        class_embedding: str | None = None,
         appraiser: nn.Module | str | None = None,
         appraiser_hidden_sizes: tuple[int, ...] = (64,),
         appraiser_latent_dim: int = 8,
@@ -165,10 +199,8 @@ class CAMELModule(TaskModule):
 
             state = load_weights_file(creator_checkpoint, param="creator_checkpoint")
             creator.load_state_dict(state.get("state_dict", state))
-        table = getattr(creator.model, "class_embedding", None)
-        if not isinstance(table, nn.Embedding):
-            raise ValueError("CAMEL needs a class-conditional Creator whose `creator.model.class_embedding` is an "
-                             f"nn.Embedding (diffusers UNet2DModel with num_class_embeds); got {type(table).__name__}.")
+        self.class_table_name = find_class_table(creator.model, class_embedding, creator.num_classes)
+        table = creator.model.get_submodule(self.class_table_name)
         self.creator = creator
         self.num_classes = table.num_embeddings
         image_shape = creator._sample_shape()
@@ -226,7 +258,7 @@ class CAMELModule(TaskModule):
         """
         from diffusers import DDIMScheduler
 
-        table = self.creator.model.class_embedding.weight
+        table = self._class_table()
         if embeddings.dim() != 2 or embeddings.shape[1] != table.shape[1]:
             raise ValueError(f"`embeddings` has shape {tuple(embeddings.shape)}, expected (M, {table.shape[1]}).")
         m, n = embeddings.shape[0], noise.shape[0]
@@ -237,7 +269,7 @@ class CAMELModule(TaskModule):
 
         def denoise(x: Tensor, t: int) -> Tensor:
             steps = torch.full((x.shape[0],), t, device=x.device, dtype=torch.long)
-            out = functional_call(self.creator.model, {"class_embedding.weight": extended}, (x, steps),
+            out = functional_call(self.creator.model, {f"{self.class_table_name}.weight": extended}, (x, steps),
                                   {"class_labels": labels})
             return out.sample if hasattr(out, "sample") else out
 
@@ -248,7 +280,10 @@ class CAMELModule(TaskModule):
 
     def class_embeddings(self, classes: Tensor) -> Tensor:
         """The Creator's own conditioning embeddings e_c ``(M, D)`` (the vanilla prompts)."""
-        return self.creator.model.class_embedding.weight[classes]
+        return self._class_table()[classes]
+
+    def _class_table(self) -> Tensor:
+        return self.creator.model.get_submodule(self.class_table_name).weight
 
     # -- Appraiser -------------------------------------------------------------------
     def objective_terms(self, concepts: Tensor, train_noise: Tensor, heldout_noise: Tensor,

@@ -128,9 +128,70 @@ class NodeClassificationModule(TaskModule):
         self.val_acc(outputs["logits"][mask], data.y[mask])
         self.log_split("val", {"loss": outputs["loss"], "acc": self.val_acc}, batch_size=int(mask.sum()))
         self.update_confusion(outputs["logits"][mask].detach(), data.y[mask])
+        if self.figures_due():
+            self._homophily_figure_data = (outputs["logits"].detach(), data, mask)
 
     def on_validation_epoch_end(self) -> None:
         self.log_confusion()
+        pending = getattr(self, "_homophily_figure_data", None)
+        self._homophily_figure_data = None
+        if pending is not None and self.figures_due():
+            self.log_accuracy_by_homophily(*pending)
+            self._figure_logged = True
+
+    def on_train_end(self) -> None:
+        """A run whose validation never ran (``max_epochs`` below ``check_val_every_n_epoch``) still gets its
+        figures: one evaluation of the validation nodes at the end of training."""
+        from lit_lowrank.core.figures import has_real_logger
+
+        if getattr(self, "_figure_logged", False) or not self.figure_every_n_epochs or \
+                not has_real_logger(self._trainer) or self._trainer.datamodule is None:
+            return
+        loader = self._trainer.datamodule.val_dataloader()
+        data = next(iter(loader)).to(self.device)
+        was_training = self.training
+        self.eval()
+        with torch.no_grad():
+            logits = self(data.x, data.edge_index)
+        self.train(was_training)
+        mask = self._mask(data, "val")
+        self.update_confusion(logits[mask], data.y[mask])
+        self.log_confusion()
+        self.log_accuracy_by_homophily(logits, data, mask)
+
+    def log_accuracy_by_homophily(self, logits: Tensor, data: Any, mask: Tensor,
+                                  key: str = "val/accuracy_by_homophily", bins: int = 5) -> None:
+        """Validation accuracy of nodes binned by local homophily (the fraction of a node's neighbours sharing its
+        label), with the node count on each bar: where a graph filter fails on heterophilous nodes."""
+        from lit_lowrank.core.figures import log_figure, new_figure
+
+        local = local_homophily(data.edge_index, data.y, data.num_nodes)[mask].cpu()
+        correct = (logits[mask].argmax(-1) == data.y[mask]).float().cpu()
+        edges = torch.linspace(0, 1, bins + 1)
+        which = torch.bucketize(local, edges[1:-1], right=True)
+        acc = [float(correct[which == b].mean()) if (which == b).any() else float("nan") for b in range(bins)]
+        count = [int((which == b).sum()) for b in range(bins)]
+        fig, ax = new_figure(5.0, 3.2)
+        labels = [f"{edges[b]:.1f}-{edges[b + 1]:.1f}" for b in range(bins)]
+        bars = ax.bar(labels, [0.0 if a != a else a for a in acc], color="tab:blue")
+        ax.bar_label(bars, labels=[f"n={c}" for c in count], fontsize=8)
+        ax.set(xlabel="local homophily (same-label neighbours)", ylabel="validation accuracy", ylim=(0, 1.1),
+               title=f"accuracy by local homophily, epoch {self.current_epoch}")
+        log_figure(self._trainer, key, fig)
+
+
+def local_homophily(edge_index: Tensor, y: Tensor, num_nodes: int) -> Tensor:
+    """Per node, the fraction of its (incoming) neighbours with its label; 0 for a node without neighbours.
+
+    .. code-block:: python
+
+        h = local_homophily(data.edge_index, data.y, data.num_nodes)   # (N,)
+    """
+    src, dst = edge_index
+    same = (y[src] == y[dst]).float()
+    degree = torch.zeros(num_nodes, device=y.device).index_add_(0, dst, torch.ones_like(same))
+    agree = torch.zeros(num_nodes, device=y.device).index_add_(0, dst, same)
+    return agree / degree.clamp_min(1)
 
     def test_step(self, data: Any, batch_idx: int) -> None:
         outputs = self.step(data, "test")

@@ -91,10 +91,12 @@ def _module_and_batch(seed=0):
     return module.train(), next(iter(dm.support_dataloader()))
 
 
-def _sd_lora_gradients(teacher_inputs):
-    """LoRA gradients of the SD-LoRA terms alone (CE excluded), only the teacher's cross-entropy switched on."""
+def _sd_lora_gradients(teacher_inputs, lambda_teacher=1.0, lambda_logit=0.0):
+    """LoRA gradients of the SD-LoRA terms alone (CE excluded), only the teacher's cross-entropy switched on
+    (and, with ``lambda_logit``, the distillation of its logits into the deployed path)."""
     module, batch = _module_and_batch()
-    callback = SDLoRA(lambda_teacher=1.0, lambda_relation=0.0, lambda_ppa=0.0, teacher_inputs=teacher_inputs)
+    callback = SDLoRA(lambda_teacher=lambda_teacher, lambda_relation=0.0, lambda_ppa=0.0, lambda_logit=lambda_logit,
+                      teacher_inputs=teacher_inputs)
     callback.setup(None, module, "fit")
     callback.warmed_up = True
     outputs = module.step(batch)
@@ -117,6 +119,17 @@ def test_teacher_gradients_reach_the_shared_lora_only_from_the_adapted_towers(on
     lora_frozen, teacher_frozen = _sd_lora_gradients("frozen")
     assert all(g is None or float(g.abs().sum()) == 0 for g in lora_frozen.values())
     assert any(g is not None and float(g.abs().sum()) > 0 for g in teacher_frozen)
+
+
+def test_the_teachers_logits_are_distilled_into_the_deployed_path(one_thread):
+    """With only the logit KD on and a teacher that reads frozen towers (no implicit path), the LoRA of the
+    image tower and of the text side still gets gradients: through the student's s·f·Wcᵀ logits."""
+    lora, teacher = _sd_lora_gradients("frozen", lambda_teacher=0.0, lambda_logit=1.0)
+    image_b = [g for n, g in lora.items() if "vision_model" in n and "lora_B" in n]
+    assert image_b and sum(float(g.abs().sum()) for g in image_b if g is not None) > 0
+    assert all(g is None or float(g.abs().sum()) == 0 for g in teacher)  # the KD target is detached
+    off, _ = _sd_lora_gradients("frozen", lambda_teacher=0.0, lambda_logit=0.0)
+    assert all(g is None or float(g.abs().sum()) == 0 for g in off.values())
 
 
 def test_one_logit_scale_and_a_soft_ppa_target(one_thread):
@@ -161,3 +174,40 @@ def test_parameter_errors():
         SDLoRA(graph_structure="random")
     with pytest.raises(ValueError, match="lambda_teacher"):
         SDLoRA(lambda_teacher=-0.5)
+
+
+def test_from_clip_on_a_tiny_random_clip_model_runs_sd_lora(one_thread, tmp_path):
+    """DualEncoder.from_clip on a transformers CLIPModel: CLIP's features, LoRA on q/k/v of both towers,
+    an SD-LoRA fit and a teacher-free export."""
+    import torch.nn.functional as F
+
+    from lit_lowrank.models.dual_encoder import DualEncoder
+    from tests.models.tiny_clip import CharTokenizer, tiny_clip
+
+    clip = tiny_clip(channels=1)
+    encoder = DualEncoder.from_clip(clip, CharTokenizer(), image_mean=(0.5,), image_std=(0.5,))
+    x = torch.rand(3, 1, 28, 28)
+    with torch.no_grad():
+        glob, patches = encoder.encode_image(x)
+        small = F.interpolate(x, size=(16, 16), mode="bilinear", align_corners=False)
+        expected = clip.visual_projection(clip.vision_model(pixel_values=(small - 0.5) / 0.5).pooler_output)
+        tokens = encoder.tokenize(["a photo of the digit five."])
+        text = clip.text_projection(clip.text_model(**tokens).pooler_output)
+        assert torch.allclose(glob, F.normalize(expected, dim=-1), atol=1e-5)
+        assert torch.allclose(encoder.encode_text(**tokens), F.normalize(text, dim=-1), atol=1e-5)
+    assert patches.shape == (3, 16, 16)
+    pl.seed_everything(0, verbose=False)
+    module = FewShotCLIPModule(encoder=encoder, class_names=NAMES, template="a photo of the digit {}.")
+    lora_layers = {n.rsplit(".lora_", 1)[0] for n, _ in module.named_parameters() if ".lora_A" in n}
+    assert any("vision_model" in n and n.endswith("q_proj") for n in lora_layers)
+    assert any("text_model" in n and n.endswith("v_proj") for n in lora_layers)
+    callback = SDLoRA(teacher_warmup_steps=2)
+    dm = FewShotDigitsDataModule(shots=2, seed=0, repeats=1, batch_size=10)
+    trainer = pl.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, limit_val_batches=0, callbacks=[callback], accelerator="cpu",
+                         default_root_dir=tmp_path)
+    trainer.fit(module, datamodule=dm)
+    assert torch.isfinite(trainer.callback_metrics["method/sd_lora/logit_kd_loss"])
+    classifier = module.export_inference_model(dm)
+    assert classifier(x).shape == (3, len(NAMES))
+    assert not any("teacher" in k for k in classifier.state_dict())

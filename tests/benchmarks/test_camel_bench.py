@@ -41,3 +41,36 @@ def test_basin_growth_is_the_ratio_of_basin_ratios_across_bank_sizes():
     assert units == ["a", "b"] and growth == [pytest.approx(1.0), pytest.approx(1.0)]
     growth, _ = basin_growth(rows, {"method": "outside"}, 32, 512)
     assert growth == [pytest.approx(2.0), pytest.approx(1.5)]
+
+
+def test_claims_put_a_same_radius_random_move_beside_every_claim_and_catch_collapse():
+    import numpy as np
+
+    from lit_lowrank.benchmarks import camel as bench
+    from lit_lowrank.benchmarks.harness import resolve
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for u in range(6):
+        def add(method, radius, diversity, basin, l0, lk, rec=0.9):
+            rows.append({"method": method, "radius": radius, "unit": f"u{u}", "l0": l0, "lk": lk,
+                         "reward": l0 - lk, "reward_insample": l0 - lk + 0.01 * (method == "camel"),
+                         "recognised": rec, "recognised_wrong": 0.02, "diversity": diversity,
+                         "basin_dist": basin[1], "basin_dist_32": basin[0], "basin_dist_512": basin[1]})
+        noise = 1 + 0.01 * rng.standard_normal(8)
+        add("class_embedding", 0.0, 4.0 * noise[0], (2.9, 2.4), 0.09, 0.10)
+        add("class_embedding_2", 0.0, 4.0 * noise[1], (2.9 * noise[2], 2.4 * noise[3]), 0.09, 0.10)
+        for r in bench.RADII:
+            add("random", r, 4.0 * noise[4], (3.0 + r / 3, 2.5 + r / 3), 0.09 + r / 50, 0.10)
+            add("random_b", r, 4.0 * noise[5], (3.0 + r / 3, 2.5 + r / 3), 0.09 + r / 50, 0.10 * noise[6])
+            add("novelty", r, 4.0, (3.5 + r, 3.0 + r), 0.09 + r / 5, 0.09 + r / 6)
+            add("camel", r, 2.8 * noise[7], (3.1 + r / 2, 2.7 + r / 2), 0.09 + r / 20, 0.08)  # collapsed: 70%
+    claims, controls, premises, competitors = bench._claims(rows)
+    resolved = {c["name"]: c for c in resolve(claims, premises, competitors)}
+    assert set(resolved) == {c["for"] for c in competitors}  # every claim has its random-move competitor
+    assert all(p["verdict"] == "holds" for p in premises)
+    assert resolved["diversity"]["verdict"] == "fails"
+    assert resolved["diversity"]["estimate"] == pytest.approx(0.7, abs=0.02)
+    assert resolved["basin"]["matched_by"] == ["a random move of the same radius (draw B)"]  # random leaves too
+    assert resolved["basin_vs_random"]["verdict"] == "holds"
+    assert all(c["verdict"] != "holds" for c in controls)

@@ -11,8 +11,15 @@ import pytest
 
 from lit_lowrank.benchmarks import harness
 from lit_lowrank.benchmarks._timing import interleaved_medians
-from lit_lowrank.benchmarks.harness import (BenchmarkResult, available_benchmarks, claim, paired, run_benchmark,
-                                             statistic_claim, verdict_of)
+from lit_lowrank.benchmarks.harness import (
+    BenchmarkResult,
+    available_benchmarks,
+    claim,
+    paired,
+    run_benchmark,
+    statistic_claim,
+    verdict_of,
+)
 
 P = {"paper": "the paper says +1", "quantity": "score difference"}
 

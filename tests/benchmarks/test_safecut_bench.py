@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lit_lowrank.benchmarks.safecut import PermutedLabels, ShuffledGateSafeCut
+from lit_lowrank.benchmarks.safecut import OracleGateSafeCut, PermutedLabels, ShuffledGateSafeCut
 from lit_lowrank.ops.safecut_gate import safecut_gate
 
 
@@ -45,3 +45,20 @@ def test_permuted_labels_rename_every_class():
     wrapped = PermutedLabels(_Fixed(logits, torch.zeros(10, 3)))
     assert torch.equal(wrapped(None).argmax(-1), (torch.arange(10) + 1) % 10)
     assert torch.equal(wrapped.forward_features(None), torch.zeros(10, 3))
+
+
+def test_oracle_gate_teaches_only_right_labels_to_wrong_ones():
+    torch.manual_seed(0)
+    n, c = 90, 3
+    y = torch.arange(c).repeat_interleave(n // c)
+    labels_a, labels_b = y.clone(), y.clone()
+    labels_a[:30] = (labels_a[:30] + 1) % c  # a wrong on 0..29
+    labels_b[20:50] = (labels_b[20:50] + 1) % c  # b wrong on 20..49 (both wrong on 20..29)
+    feats = torch.randn(n, 4)
+    cb = OracleGateSafeCut(_Fixed(nn.functional.one_hot(labels_b, c).float(), feats), graph_features="first",
+                           adapt_second=False)
+    z_a, z_b = cb.reliability({"x": y, "y": y}, feats, feats, labels_a, labels_b, c)
+    to_a, to_b = safecut_gate(z_a.z, z_b.z)
+    assert torch.equal(to_a > 0.99, torch.arange(n) < 20)  # b right, a wrong
+    assert torch.equal(to_b > 0.99, (torch.arange(n) >= 30) & (torch.arange(n) < 50))  # a right, b wrong
+    assert int(((to_a > 0) | (to_b > 0)).sum()) == 40

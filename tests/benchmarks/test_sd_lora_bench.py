@@ -1,15 +1,17 @@
-"""sd_lora benchmark wiring on synthetic rows: the headline is against CLIP-LoRA + the same cache, paired by cell."""
+"""sd_lora benchmark wiring on synthetic rows: the headline is against CLIP-LoRA + the same cache, paired by cell;
+the no-cache claim against CLIP-LoRA; premises gate the verdicts; competitors stand in for the teacher."""
 
 from __future__ import annotations
 
 import pytest
 
+from lit_lowrank.benchmarks.harness import resolve
 from lit_lowrank.benchmarks.sd_lora import METHODS, _summary, claims_and_controls
 
 SHOTS = (1, 2, 4)
 
 
-def _rows(sd_gain: float, control_gain: float):
+def _rows(sd_gain: float, competitor_gain: float, teacher_edge: float = 0.05, graph_edge: float = 0.03):
     rows = []
     for shots in SHOTS:
         for seed in range(3):
@@ -17,29 +19,56 @@ def _rows(sd_gain: float, control_gain: float):
             wobble = 0.002 * ((shots + 2 * seed) % 3 - 1)
             acc = {m: base - 0.1 for m in METHODS}
             acc.update({"clip_lora_cache": base, "sd_lora": base + sd_gain + wobble,
-                        "sd_lora_shuffled_graph": base + control_gain + wobble,
-                        "sd_lora_random_teacher": base + control_gain - wobble})
+                        "clip_lora": base - 0.1, "sd_lora_nocache": base - 0.1 + sd_gain - wobble,
+                        "clip_lora_seed": base - 0.01 + wobble,
+                        "sd_lora_shuffled_graph": base + competitor_gain + wobble,
+                        "sd_lora_random_teacher": base + competitor_gain - wobble})
             for m in METHODS:
-                rows.append({"method": m, "shots": shots, "seed": seed, "cell": f"{shots}shot-seed{seed}",
-                             "acc": acc[m], "ece": 0.1 - (0.02 if m == "sd_lora" else 0.0) + wobble})
+                row = {"method": m, "shots": shots, "seed": seed, "cell": f"{shots}shot-seed{seed}",
+                       "acc": acc[m], "ece": 0.1 - (0.02 if m == "sd_lora" else 0.0) + wobble}
+                if m == "sd_lora":
+                    row.update(teacher_test_acc=base - 0.1 + teacher_edge + wobble,
+                               shuffled_teacher_test_acc=base - 0.1 + teacher_edge - graph_edge - wobble)
+                rows.append(row)
     return rows
 
 
 def test_headline_is_paired_against_clip_lora_with_the_same_cache():
-    claims, controls = claims_and_controls(_rows(sd_gain=0.02, control_gain=-0.01), SHOTS)
-    assert len(claims) == len(SHOTS) + 2 and len(controls) == 3
-    assert all("CLIP-LoRA + cache" in c["quantity"] for c in claims + controls)
-    assert [c["n"] for c in claims] == [3, 3, 3, 9, 9]
+    claims, controls, premises, competitors = claims_and_controls(_rows(sd_gain=0.02, competitor_gain=-0.01), SHOTS)
+    claims = resolve(claims, premises, competitors)
+    assert len(claims) == len(SHOTS) + 3 and len(controls) == 2 and len(premises) == 2
+    assert [c["n"] for c in claims] == [3, 3, 3, 9, 9, 9]
+    assert all(p["verdict"] == "holds" for p in premises)
     assert all(c["verdict"] == "holds" for c in claims)
     assert all(c["verdict"] == "fails" for c in controls)
     assert claims[3]["estimate"] == pytest.approx(0.02, abs=1e-3)
+    nocache = next(c for c in claims if c["name"] == "nocache_pooled")
+    assert "acc(sd_lora_nocache) - acc(clip_lora)" in nocache["quantity"]
+    pooled = next(c for c in claims if c["name"] == "cache_pooled")
+    assert pooled["matched_by"] == [] and len(pooled["competitors"]) == 2
 
 
-def test_a_control_that_gains_as_much_as_the_method_holds():
-    _, controls = claims_and_controls(_rows(sd_gain=0.02, control_gain=0.02), SHOTS)
-    assert all(c["verdict"] == "holds" for c in controls[:2])  # the run would be marked invalid
-    # the sensitivity control (CLIP-LoRA without its cache, 0.1 below in every cell) must fail
-    assert controls[2]["verdict"] == "fails" and "acc(clip_lora)" in controls[2]["quantity"]
+def test_a_competitor_that_gains_as_much_is_listed_and_no_teacher_edge_is_no_headroom():
+    claims, _, premises, competitors = claims_and_controls(_rows(sd_gain=0.02, competitor_gain=0.02), SHOTS)
+    pooled = next(c for c in resolve(claims, premises, competitors) if c["name"] == "cache_pooled")
+    assert len(pooled["matched_by"]) == 2
+    claims, _, premises, competitors = claims_and_controls(_rows(0.02, -0.01, teacher_edge=-0.05), SHOTS)
+    resolved = resolve(claims, premises, competitors)
+    assert premises[0]["verdict"] == "fails"
+    assert all(c["verdict"] == "no_headroom" and c["measured_verdict"] == "holds" for c in resolved)
+    _, _, premises, _ = claims_and_controls(_rows(0.02, -0.01, graph_edge=-0.03), SHOTS)
+    assert premises[1]["verdict"] == "fails"
+
+
+def test_the_sensitivity_control_fails_and_a_seed_gain_would_hold():
+    rows = _rows(sd_gain=0.02, competitor_gain=-0.01)
+    _, controls, _, _ = claims_and_controls(rows, SHOTS)
+    assert controls[1]["verdict"] == "fails" and "acc(clip_lora)" in controls[1]["quantity"]
+    for r in rows:
+        if r["method"] == "clip_lora_seed":
+            r["acc"] += 0.05
+    _, controls, _, _ = claims_and_controls(rows, SHOTS)
+    assert controls[0]["verdict"] == "holds"  # the run would be marked invalid
 
 
 def test_summary_has_every_method_and_shot_count():

@@ -41,8 +41,9 @@ def test_card_block_shows_claims_controls_and_verdicts():
 
 def test_sync_rewrites_then_is_idempotent_and_check_reports(tmp_path):
     root = _toy_repo(tmp_path, _payload())
-    assert sync_tables(root, check=True) == ["README.md", "docs/methods/toy.md"]
-    assert sync_tables(root) == ["README.md", "docs/methods/toy.md"]
+    expected = ["docs/results/toy.png", "README.md", "docs/methods/toy.md"]
+    assert sync_tables(root, check=True) == expected
+    assert sync_tables(root) == expected
     assert sync_tables(root, check=True) == []
     card = (root / "docs" / "methods" / "toy.md").read_text()
     assert card.endswith("<!-- results:toy:end -->\ntail\n") and "stale" not in card
@@ -77,3 +78,40 @@ def test_every_committed_result_is_valid_and_shown_on_its_card():
     sources = (ROOT / "lit_lowrank" / "benchmarks").glob("*.py")
     assert not [p.name for p in sources if "legacy_claim" in p.read_text()], "point-estimate claims are gone"
     assert readme_table(results).count("\n") >= 2
+
+
+def test_figures_are_drawn_from_the_json_and_their_staleness_is_seen(tmp_path):
+    from lit_lowrank.benchmarks._figures import figure_paths, figures_current, recorded_digest
+
+    payload = _payload()
+    root = _toy_repo(tmp_path, payload)
+    assert "docs/results/toy.png" in sync_tables(root, check=True)
+    sync_tables(root)
+    png, detail = figure_paths(root, "toy")
+    assert png.is_file() and not detail.exists() and recorded_digest(png)
+    assert figures_current(root, "toy", payload) and sync_tables(root, check=True) == []
+    card = (root / "docs" / "methods" / "toy.md").read_text()
+    assert "![toy: claims](../results/toy.png)" in card
+    changed = {**payload, "seconds": 2.0}
+    (root / "docs" / "results" / "toy.json").write_text(json.dumps(changed))
+    assert not figures_current(root, "toy", changed)
+    assert "docs/results/toy.png" in sync_tables(root, check=True)
+
+
+def test_card_block_shows_premises_competitors_and_the_commit():
+    from lit_lowrank.benchmarks._claims import competitor, premise, resolve
+
+    pre = premise("room", "oracle above base", needs="headroom", quantity="q", values=[1.0, 1.1, 1.2],
+                  baseline=[1.5, 1.6, 1.7], target=0.0, op=">")
+    c = claim("ours above base", **P, values=[0.8, 0.82, 0.81], baseline=[0.7, 0.71, 0.7], target=0.0, op=">",
+              name="gain", requires="room")
+    comp = competitor("gain", "random above base", competitor="random move", quantity="q", values=[0.8, 0.81, 0.8],
+                      baseline=[0.7, 0.71, 0.7], target=0.0, op=">")
+    payload = {**_payload(), "claims": resolve([c], [pre], [comp]), "premises": [pre], "competitors": [comp],
+               "provenance": {"commit": "0123456789abcdef", "dirty": False, "sources": {"a.py": "x"}}}
+    block = card_block("toy", payload)
+    assert "**Premises**" in block and "**Competitors**" in block and "measured at `0123456789`" in block
+    assert "**no_headroom** (CI alone: holds; premise not held: room)" in block
+    assert "vs random move: holds" in block
+    table = readme_table({"toy": payload})
+    assert "| 0 / 0 / 0 / 1 | 0 / 1 |" in table

@@ -36,12 +36,23 @@ def test_target_mode_never_reads_labels(tmp_path):
         def __getitem__(self, i):
             return {"x": torch.randn(1, 8, 8)}
 
-    before = module.head.weight.detach().clone()
+    head = {k: v.clone() for k, v in module.head.state_dict().items()}
+    body = {k: v.clone() for k, v in module.backbone.state_dict().items()}
     trainer = pl.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, default_root_dir=tmp_path, callbacks=[SHOT()])
     trainer.fit(module, torch.utils.data.DataLoader(NoLabels(), batch_size=8))
-    assert not torch.equal(module.head.weight, before)  # SHOT's loss trained it
+    # SHOT as published: the hypothesis (head) is frozen, the feature extractor adapts
+    assert all(torch.equal(v, module.head.state_dict()[k]) for k, v in head.items())
+    assert any(not torch.equal(v, module.backbone.state_dict()[k]) for k, v in body.items() if v.is_floating_point())
     assert "method/shot/im_loss" in trainer.callback_metrics
+
+
+def test_shot_adapts_the_head_when_asked_and_names_a_missing_head(tmp_path):
+    module = _target_module()
+    SHOT(freeze_head=None).setup(None, module, "fit")
+    assert all(p.requires_grad for p in module.parameters())
+    with pytest.raises(ValueError, match="'classifier'"):
+        SHOT(freeze_head="classifier").setup(None, module, "fit")
 
 
 def test_safecut_adapts_both_models_and_logs(tmp_path):
@@ -53,10 +64,17 @@ def test_safecut_adapts_both_models_and_logs(tmp_path):
     data = ShiftedDigitsDataModule(batch_size=64)
     trainer.fit(module, datamodule=data)
     assert not torch.equal(second.projection.weight, before), "the second model did not adapt"
-    assert {"method/safecut/gate_to_first", "method/safecut/z_global_first"} <= set(trainer.callback_metrics)
+    # every key the card documents is logged (the target batches carry labels for evaluation)
+    assert {f"method/safecut/{k}" for k in ("gate_to_first", "gate_to_second", "gate_none", "z_global_first",
+                                            "z_global_second", "corrections", "miscorrections")
+            } <= set(trainer.callback_metrics)
     trainer.validate(module, datamodule=data, verbose=False)
-    assert 0.0 <= float(trainer.callback_metrics["method/safecut/second_acc"]) <= 1.0
+    batch = next(iter(data.val_dataloader()))
+    with torch.no_grad():
+        expected = (second(batch["x"]).argmax(-1) == batch["y"]).float().mean()
+    assert float(trainer.callback_metrics["method/safecut/second_acc"]) == pytest.approx(float(expected), abs=1e-6)
     assert sum(cb.counts[k] for k in ("to_first", "to_second", "none")) > 0
+    assert cb.z_separation() == cb.z_separation()  # finite once labelled batches were seen
 
 
 def test_one_way_freezes_the_second_model(tmp_path):
@@ -143,7 +161,7 @@ def test_graph_choices_and_frozen_needs_an_encoder():
     # clustered labelling as the more reliable ("second" alone, a random graph, sees neither)
     results = {}
     for choice in ("own", "both", "first", "frozen"):
-        cb = SafeCut(torch.nn.Linear(1, 1), k=5, graph_features=choice, graph_encoder=torch.nn.Flatten())
+        cb = SafeCut(DigitPrototypeClassifier(), k=5, graph_features=choice, graph_encoder=torch.nn.Flatten())
         z_a, z_b = cb.reliability({"x": feats}, feats, torch.randn(n, 4), y, noise, c)
         results[choice] = (float(z_a.z.mean()), float(z_b.z.mean()))
     for choice, (za, zb) in results.items():
@@ -178,3 +196,99 @@ def test_net_correction_counts_both_directions():
     with pytest.raises(ValueError, match="`into`"):
         cb.net_correction("third")
     assert SafeCut(Oracle()).net_correction() != SafeCut(Oracle()).net_correction()  # NaN before any label
+
+
+def test_a_second_model_without_forward_features_is_refused_unless_the_graph_is_frozen(tmp_path):
+    """No silent softmax graph: without forward_features SafeCut refuses, naming the model, unless the
+    frozen-encoder graph is asked for explicitly."""
+    logits_only = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    with pytest.raises(TypeError, match="Sequential.*forward_features"):
+        SafeCut(logits_only)
+    before = logits_only[1].weight.detach().clone()
+    cb = SafeCut(logits_only, k=5, graph_features="frozen", graph_encoder=torch.nn.Flatten())
+    _trainer(tmp_path, [cb], steps=2).fit(_target_module(), datamodule=ShiftedDigitsDataModule(batch_size=64))
+    assert not torch.equal(logits_only[1].weight, before)
+
+
+class _TwoPart(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 16))
+        self.prompt = torch.nn.Linear(16, 10)
+
+    def forward_features(self, x):
+        return self.body(x)
+
+    def forward(self, x):
+        return self.prompt(self.body(x))
+
+
+def _fit_second(tmp_path, second, **kwargs):
+    before = {k: v.clone() for k, v in second.state_dict().items()}
+    _trainer(tmp_path, [SafeCut(second, k=5, **kwargs)], steps=2).fit(
+        _target_module(), datamodule=ShiftedDigitsDataModule(batch_size=64))
+    return {k for k, v in second.state_dict().items() if not torch.equal(before[k], v)}
+
+
+def test_only_parameters_the_user_left_trainable_adapt(tmp_path):
+    second = _TwoPart()
+    second.body.requires_grad_(False)  # the user froze the encoder
+    assert _fit_second(tmp_path, second) == {"prompt.weight", "prompt.bias"}
+    assert not any(p.requires_grad for p in second.body.parameters())  # never unfrozen
+    assert all(p.grad is None for p in second.parameters())
+
+
+def test_the_trainable_filter_selects_among_trainable_parameters(tmp_path):
+    assert _fit_second(tmp_path, _TwoPart(), trainable=r"^prompt\.weight$") == {"prompt.weight"}
+    with pytest.raises(ValueError, match="no parameter of the second model"):
+        _fit_second(tmp_path, _TwoPart(), trainable="lora_")
+    frozen = _TwoPart().requires_grad_(False)
+    with pytest.raises(ValueError, match="adapt_second=False"):
+        _fit_second(tmp_path, frozen)
+    assert _fit_second(tmp_path, frozen, adapt_second=False) == set()
+
+
+def test_safecut_freezes_the_hypothesis_head_like_shot(tmp_path):
+    module = _target_module()
+    head = {k: v.clone() for k, v in module.head.state_dict().items()}
+    _trainer(tmp_path, [SafeCut(DigitPrototypeClassifier(), k=5)], steps=2).fit(
+        module, datamodule=ShiftedDigitsDataModule(batch_size=64))
+    assert all(torch.equal(v, module.head.state_dict()[k]) for k, v in head.items())
+
+
+def test_a_zero_shot_clip_second_model_adapts_only_its_class_embeddings(tmp_path):
+    """A tiny random transformers CLIPModel as SafeCut's zero-shot second model, end to end."""
+    from lit_lowrank.models import ZeroShotCLIP
+    from tests.models.tiny_clip import CharTokenizer, tiny_clip
+
+    data = ShiftedDigitsDataModule(batch_size=64)
+    data.setup("fit")
+    names = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    second = ZeroShotCLIP(tiny_clip(), names, templates=("a photo of the digit {}.",), tokenizer=CharTokenizer(),
+                          input_mean=data.mean, input_std=data.std)
+    changed = _fit_second(tmp_path, second)
+    assert changed == {"class_embeddings"}
+
+
+def test_z_separation_reads_right_and_wrong_labels():
+    """An oracle second model on a clustered graph, a first model wrong on a third of the samples:
+    wrong labels have the higher local z."""
+    torch.manual_seed(0)
+    n, c = 60, 3
+    y = torch.arange(c).repeat_interleave(n // c)
+    feats = torch.nn.functional.one_hot(y, c).float() * 5 + 0.1 * torch.randn(n, c)
+
+    class Oracle(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.one_hot(y, c).float() * 10
+
+        def forward_features(self, x):
+            return feats
+
+    wrong = y.clone()
+    wrong[::3] = (wrong[::3] + 1) % c
+    cb = SafeCut(Oracle(), k=5, beta=0.0, im_weight=0.0, adapt_second=False, graph_features="second")
+    assert cb.z_separation() != cb.z_separation()  # NaN before labels
+    cb.on_loss(None, torch.nn.Module(), {"x": y, "y": y},
+               {"logits": torch.nn.functional.one_hot(wrong, c).float() * 10, "features": feats}, torch.zeros(()))
+    assert cb.z_separation() > 1.0

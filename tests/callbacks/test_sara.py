@@ -216,8 +216,87 @@ def test_dp_weights_each_steps_errors_by_its_measured_propagation_gain():
         c.reset_macs()
         probed = run()
         assert float((probed - reference).norm()) > 0
-        with pytest.raises(ValueError, match="tensor"):
-            c.calibrate(lambda: run().tolist(), budget=0.5)
+        with pytest.raises(ValueError, match="return the samples"):
+            c.calibrate(lambda: {"x": run()}, budget=0.5)
         with pytest.raises(ValueError, match="probe"):
             c.calibrate(run, budget=0.5, probe=1.0)
     assert torch.equal(run(), reference)  # probes leave nothing behind
+
+
+def test_calibrate_refuses_a_run_that_is_not_deterministic_and_names_generator():
+    module = _module()
+    unseeded = lambda: module.sample(2, class_labels=torch.arange(2), num_inference_steps=3)  # noqa: E731
+    with SARAController(module.model, step_source=lambda: module.current_step_index) as c:
+        for propagate in (False, True):
+            with pytest.raises(ValueError, match="generator="):
+                c.calibrate(unseeded, budget=0.5, propagate=propagate)
+        assert c.policy == "full" and c.schedule is None  # nothing half-installed
+        seeded = lambda: module.sample(2, class_labels=torch.arange(2), num_inference_steps=3,  # noqa: E731
+                                       generator=torch.Generator().manual_seed(0))
+        assert c.calibrate(seeded, budget=0.5).shape == (3, len(c.blocks))
+
+
+def test_the_cards_pipeline_example_runs_on_a_tiny_diffusers_dit_pipeline():
+    from diffusers import AutoencoderKL, DDIMScheduler, DiTPipeline, DiTTransformer2DModel
+
+    torch.manual_seed(0)
+    transformer = DiTTransformer2DModel(num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8,
+                                        num_layers=2, sample_size=4, patch_size=2, num_embeds_ada_norm=1000,
+                                        norm_num_groups=1)
+    vae = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+                        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 8), latent_channels=4,
+                        norm_num_groups=4, sample_size=8)
+    transformer.eval(), vae.eval()  # as from_pretrained leaves them (train mode drops class labels at random)
+    pipe = DiTPipeline(transformer=transformer, vae=vae, scheduler=DDIMScheduler(num_train_timesteps=100),
+                       id2label={i: f"class{i}" for i in range(10)})
+    pipe.set_progress_bar_config(disable=True)
+
+    def run():  # the card's example: a seeded generator makes the calibration runs comparable
+        return pipe(class_labels=[1, 2], num_inference_steps=3, generator=torch.Generator().manual_seed(0),
+                    output_type="np")
+
+    reference = run().images
+    with apply_sara(pipe.transformer) as sara:
+        schedule = sara.calibrate(run, budget=0.6)
+        assert schedule.shape == (3, len(sara.blocks))
+        sara.reset_macs()
+        images = run().images  # the calibrated schedule, under classifier-free guidance (batch 2 per label)
+        assert 0 < sara.macs_ratio() <= 0.6 + 1e-6
+        assert images.shape == reference.shape and not np.array_equal(images, reference)
+        with pytest.raises(ValueError, match="generator="):  # the same pipeline unseeded
+            sara.calibrate(lambda: pipe(class_labels=[1, 2], num_inference_steps=3, output_type="np"), budget=0.6)
+    # PIL output (the pipeline's default) is read too
+    with apply_sara(pipe.transformer) as sara:
+        sara.calibrate(lambda: pipe(class_labels=[1], num_inference_steps=3,
+                                    generator=torch.Generator().manual_seed(0)), budget=0.6, propagate=False)
+    np.testing.assert_array_equal(run().images, reference)  # detached: the pipeline is as before
+
+
+@pytest.mark.parametrize("prediction_type", ["epsilon", "v_prediction", "sample"])
+def test_clean_sample_signal_recovers_x0_from_each_parameterisation(prediction_type):
+    from lit_lowrank.callbacks.sara_controller import clean_sample_signal
+
+    torch.manual_seed(0)
+    alphas = torch.linspace(0.99, 0.01, 100)
+    x0, eps, t = torch.randn(2, 1, 8, 8), torch.randn(2, 1, 8, 8), 40
+    a = alphas[t]
+    x_t = a.sqrt() * x0 + (1 - a).sqrt() * eps
+    output = {"epsilon": eps, "v_prediction": a.sqrt() * eps - (1 - a).sqrt() * x0, "sample": x0}[prediction_type]
+    signal = clean_sample_signal(alphas, prediction_type)
+    torch.testing.assert_close(signal(output, (x_t, torch.full((2,), t)), {}), x0, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(signal(output, (x_t,), {"timestep": t}), x0, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="prediction_type"):
+        clean_sample_signal(alphas, "flow")
+
+
+def test_online_first_step_runs_at_first_fraction():
+    module = _module()
+    with SARAController(module.model, step_source=lambda: module.current_step_index) as c:
+        c.set_online(0.3)
+        _sample(module, n=2, steps=3)
+        assert c.step_fractions[0] == 1.0  # the default: dense (no previous output to read)
+        c.set_online(0.3, first_fraction=0.25)
+        _sample(module, n=2, steps=3)
+        assert c.step_fractions[0] == 0.25 and len(c.step_fractions) == 3
+        with pytest.raises(ValueError, match="first_fraction"):
+            c.set_online(0.3, first_fraction=1.5)

@@ -5,7 +5,8 @@
 (c) stateful callbacks round-trip ``state_dict`` through a checkpoint and resume;
 (d) structural methods: applying twice equals applying once, and
     ``load_from_checkpoint`` rebuilds them;
-(e) methods that declare DDP run a 2-process CPU DDP (gloo) fit.
+(e) every method runs under 2-process CPU DDP and FSDP2 or refuses at setup: tests/methods/test_distributed.py
+    (``make test-dist``).
 
 The reference method in ``reference_method.py`` is always a parameter, so the suite is
 exercised before any real method lands.
@@ -154,33 +155,3 @@ def test_load_from_checkpoint_rebuilds(name, tmp_path):
     module.eval(), reloaded.eval()
     with torch.no_grad():
         torch.testing.assert_close(reloaded(batch["x"]), module(batch["x"]))
-
-
-@pytest.mark.slow
-class _ShutDownGloo(pl.Callback):
-    """Destroy the process group in each worker before it exits.
-
-    Lightning only registers this for NCCL; a gloo group left alive tears down its threads at interpreter exit, and
-    one rank can abort ("terminate called without an active exception") while its peer is already gone.
-    """
-
-    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.barrier()
-            torch.distributed.destroy_process_group()
-
-
-@pytest.mark.parametrize("name", [n for n in CASE_NAMES if _case(n).ddp])
-def test_ddp_two_process_cpu(name, tmp_path):
-    """(e) a 2-process CPU DDP (gloo) fit runs and keeps the replicas identical."""
-    case = _case(name)
-    module = case.make_module()
-    before = {k: v.clone() for k, v in module.state_dict().items()}
-    trainer = _trainer(tmp_path, [*case.make_callbacks(), _ShutDownGloo()], max_steps=2, strategy="ddp_spawn", devices=2,
-                       **case.trainer_kwargs)
-    trainer.fit(module, datamodule=case.make_data())
-    # ddp_spawn copies rank 0's trained weights and metrics back to the main process
-    assert math.isfinite(float(trainer.callback_metrics["train/loss"]))
-    after = module.state_dict()
-    assert all(torch.isfinite(v).all() for v in after.values() if v.is_floating_point())
-    assert any(k in before and not torch.equal(before[k], v) for k, v in after.items()), "no weight moved"

@@ -336,17 +336,39 @@ def test_renormalised_ablation_sees_no_specialisation_in_tied_branches():
 
 
 def test_router_ablation_reroutes_and_soft_moe_renormalises():
+    import copy
+
+    import torch.nn.functional as F
+
     torch.manual_seed(0)
     x = torch.randn(5, 3, 8)
     router = nn.Sequential(SpecDropBranches(_mlp(), 3, merge="router", router_top_k=1))
     router.eval()
-    with ablate_branch(router, 1):
-        y = router(x)
-        assert float(router[0].last_stats["branch_weight"][1]) == 0.0  # expert 1 never chosen
-    assert torch.isfinite(y).all() and y.abs().sum() > 0  # every position re-routed, none zeroed
-    soft = nn.Sequential(SpecDropBranches(_mlp(), 3, merge="soft_moe"))
-    with ablate_branch(soft, 2):
-        assert torch.isfinite(soft(x)).all()
+    with torch.no_grad():
+        full = router(x)
+        chosen = router[0].router(x).argmax(-1)  # (5, 3) expert per position
+        with ablate_branch(router, 1):
+            y = router(x)
+            assert float(router[0].last_stats["branch_weight"][1]) == 0.0  # expert 1 never chosen
+        # re-routing = the router that can never pick expert 1, run unablated
+        never_1 = copy.deepcopy(router)
+        never_1[0].router.bias[1] = -1e9
+        torch.testing.assert_close(y, never_1(x))
+    moved = chosen == 1
+    assert moved.any() and (~moved).any()
+    torch.testing.assert_close(y[~moved], full[~moved])  # positions routed elsewhere are untouched
+    assert (y[moved] - full[moved]).abs().amax(-1).min() > 0  # every moved position gets another expert
+
+    block = SpecDropBranches(_mlp(), 3, merge="soft_moe")
+    soft = nn.Sequential(block)
+    with torch.no_grad(), ablate_branch(soft, 2):
+        y = soft(x)
+        # by hand: dispatch over tokens unchanged, combine renormalised over the remaining slots 0 and 1
+        logits = F.normalize(x, dim=-1) @ (block.soft_moe_scale * F.normalize(block.soft_moe_slots, dim=0))
+        slot_inputs = torch.einsum("bts,btd->bsd", logits.softmax(1), x)
+        combine = logits[..., :2].softmax(-1)
+        outs = torch.cat([block.branches[k](slot_inputs[:, k : k + 1]) for k in range(2)], dim=1)
+        torch.testing.assert_close(y, torch.einsum("bts,bsd->btd", combine, outs))
 
 
 def test_demix_is_the_category_branch_alone():

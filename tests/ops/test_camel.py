@@ -177,3 +177,13 @@ def test_recognition_hinge_is_zero_once_recognised_with_margin():
     assert logits.grad[1].tolist() == [0.0, -1.0, 1.0]  # pushes the own logit up, the best rival down
     with pytest.raises(ValueError, match="margin"):
         recognition_hinge(logits, 0, margin=-1.0)
+
+
+def test_sample_diversity_is_the_mean_pairwise_distance_and_zero_when_collapsed():
+    from lit_lowrank.ops.camel import sample_diversity
+
+    x = torch.tensor([[0.0, 0.0], [3.0, 4.0], [0.0, 4.0]])
+    assert sample_diversity(x).item() == pytest.approx((5.0 + 4.0 + 3.0) / 3)
+    assert sample_diversity(torch.ones(5, 1, 2, 2)).item() == 0.0
+    with pytest.raises(ValueError, match="N >= 2"):
+        sample_diversity(torch.ones(1, 4))

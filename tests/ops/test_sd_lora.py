@@ -14,6 +14,7 @@ from lit_lowrank.ops.sd_lora import (
     build_hetero_graph,
     class_prototypes,
     fit_tip_adapter_f,
+    logit_distillation_loss,
     prototype_predictive_alignment,
     quadrant_crop_mask,
     relation_agreement,
@@ -180,3 +181,23 @@ def test_shuffled_graph_keeps_the_edge_counts_and_drops_the_structure():
     assert torch.equal(again.edge_type, shuffled.edge_type)  # seeded
     with pytest.raises(ValueError, match="structure"):
         build_hetero_graph(patches, glob, local, text, mask, structure="random")
+
+
+def test_logit_distillation_is_hintons_kd_with_a_detached_teacher():
+    g = torch.Generator().manual_seed(0)
+    student = torch.randn(4, 5, generator=g, requires_grad=True)
+    teacher = torch.randn(4, 5, generator=g, requires_grad=True)
+    tau = 2.0
+    loss = logit_distillation_loss(student, teacher, tau)
+    q = (teacher / tau).softmax(-1)
+    expected = tau**2 * F.kl_div((student / tau).log_softmax(-1), q, reduction="batchmean")
+    assert torch.allclose(loss, expected, atol=1e-6)
+    loss.backward()
+    assert teacher.grad is None and student.grad.abs().sum() > 0
+    # the gradient is tau * (softmax(z_s/tau) - softmax(z_t/tau)) / B
+    assert torch.allclose(student.grad, tau * ((student / tau).softmax(-1) - q).detach() / 4, atol=1e-6)
+    assert float(logit_distillation_loss(teacher.detach(), teacher.detach(), tau)) == pytest.approx(0.0, abs=1e-6)
+    with pytest.raises(ValueError, match="tau"):
+        logit_distillation_loss(student, teacher, 0.0)
+    with pytest.raises(ValueError, match="same"):
+        logit_distillation_loss(student, teacher[:, :3])

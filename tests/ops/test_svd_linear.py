@@ -74,3 +74,26 @@ def test_kxk_conv_is_factored_as_cout_by_cin_k_k(stride, padding, dilation):
     rows = layer.captured_inputs[0]
     flat = rows @ conv.weight.detach().reshape(10, 54).T + conv.bias.detach()
     torch.testing.assert_close(flat.transpose(1, 2).reshape_as(reference), reference, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(16, 24), (64, 64), (10, 54), (1, 7)])
+def test_factors_are_cached_only_below_the_break_even_rank(shape):
+    torch.manual_seed(4)
+    out_f, in_f = shape
+    lin = nn.Linear(in_f, out_f)
+    layer = SVDLinear(lin)
+    break_even = out_f * in_f / (out_f + in_f)
+    c = layer.cached_rank
+    assert c < break_even <= c + 1  # every rank that runs factored is cached, none that runs dense
+    assert layer.us.shape == (out_f, c) and layer.vh.shape == (c, in_f)
+    assert layer.singular.shape == (min(shape),)  # the whole spectrum stays for the LRAE
+    # the cache costs less than the weight it sits beside (full-rank U S, V^T cost (m + n) min(m, n))
+    assert layer.us.numel() + layer.vh.numel() < lin.weight.numel()
+    x = torch.randn(3, in_f)
+    if c >= 1:  # the largest cached rank is the best rank-c map
+        layer.set_rank(c)
+        expected = x @ low_rank_approx(lin.weight.detach(), c).T + lin.bias.detach()
+        torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=1e-5)
+    if c + 1 <= min(shape):  # the first uncached rank runs the dense layer
+        layer.set_rank(c + 1)
+        assert torch.equal(layer(x), lin(x))

@@ -39,6 +39,44 @@ def test_generate_is_deterministic_and_differentiable_in_the_concept():
     torch.testing.assert_close(b[1], vanilla, atol=1e-5, rtol=1e-4)
 
 
+class _LabelDenoiser(torch.nn.Module):
+    """A non-diffusers denoiser whose class table is not called ``class_embedding``."""
+
+    sample_shape = (1, 8, 8)
+
+    def __init__(self, extra_table: bool = False) -> None:
+        super().__init__()
+        self.labels = torch.nn.Embedding(10, 4)
+        self.time = torch.nn.Embedding(1000, 4)  # a second table, with another row count
+        self.proj = torch.nn.Linear(4, 64)
+        if extra_table:
+            self.other = torch.nn.Embedding(10, 4)
+
+    def forward(self, x, t, class_labels=None):
+        return x * 0.5 + self.proj(self.labels(class_labels) + self.time(t)).view_as(x)
+
+
+def test_generate_works_with_any_denoiser_whose_class_table_is_found_or_named():
+    from lit_lowrank.tasks.camel import find_class_table
+
+    torch.manual_seed(0)
+    creator = DiffusionModule(model=_LabelDenoiser(), num_classes=10)
+    model = CAMELModule(creator=creator, concept_classes=[2, 5], num_train_seeds=3, num_heldout_seeds=3,
+                        num_eval_seeds=3, num_inference_steps=3)
+    assert model.class_table_name == "labels" and model.num_classes == 10
+    model.start_concepts()
+    torch.testing.assert_close(model.anchors, creator.model.labels.weight[[2, 5]])
+    samples = model.generate(model.concepts.detach(), model.train_noise)
+    vanilla = creator.sample(3, class_labels=torch.full((3,), 5), num_inference_steps=3, noise=model.train_noise)
+    torch.testing.assert_close(samples[1], vanilla, atol=1e-5, rtol=1e-4)
+    two = _LabelDenoiser(extra_table=True)
+    with pytest.raises(ValueError, match="class_embedding"):
+        find_class_table(two, num_classes=10)  # two 10-row tables: ambiguous
+    assert find_class_table(two, "other", 10) == "other"
+    with pytest.raises(ValueError, match="`class_embedding`='proj'"):
+        find_class_table(two, "proj", 10)
+
+
 def test_fit_warms_up_then_moves_concepts_within_the_trust_region(tmp_path):
     from lit_lowrank.datamodules import DigitsDataModule
 
