@@ -1,4 +1,4 @@
-"""The specblock benchmark's drafters on SmolLM2-135M-Instruct: training settings and the checkpoint cache.
+"""The specblock benchmark's drafters on SmolLM2-135M-Instruct: training settings, shipped files and the cache.
 
 Each drafter is trained once by :class:`~lit_lowrank.decoding.training.DrafterDistillModule` on
 :class:`~lit_lowrank.decoding.distill_data.SelfDistillDataModule` (the target's own greedy answers
@@ -6,7 +6,9 @@ to Lee-news instructions, its teacher-forced features and argmax) — exactly wh
 ``lit-lowrank fit --config configs/language_model/real/<name>_smollm2.yaml`` runs (a test keeps
 the YAML files equal to :data:`DRAFTERS`). The trained network is saved under
 ``$LIT_LOWRANK_CACHE/specblock-drafters/<name>-<key>.pt`` (``key`` hashes the settings), so the
-benchmark trains only on its first run.
+benchmark trains only on its first run. The SpecBlock and EAGLE-style drafters also ship with the
+package (:mod:`lit_lowrank.decoding.shipped`, float16 safetensors): when a shipped file's settings key
+equals today's, it is loaded and nothing is trained.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 
 #: Training data of every drafter (SelfDistillDataModule arguments).
 DATA: dict[str, Any] = dict(target="smollm2", corpus="lee", prompts=240, val_prompts=16, max_new_tokens=96,
-                            seq_len=64, batch_size=4, seed=0)
+                            seq_len=64, batch_size=4, seed=0, assistant_only=True)
 # one SmolLM2-sized decoder layer; its head reads the features as the target's head does (no fresh norm)
 _LAYER = dict(num_layers=1, num_heads=9, intermediate_size=1536, context_window=16, head_norm=False)
 #: DrafterDistillModule arguments per drafter (sized as in their papers relative to the target).
@@ -35,7 +37,7 @@ DRAFTERS: dict[str, dict[str, Any]] = {
 }
 #: Optimiser and trainer settings (the same for every drafter).
 OPTIM: dict[str, Any] = dict(lr=1e-3, weight_decay=0.0, pct_start=0.1)
-STEPS: dict[str, int] = {"eagle": 600, "specblock": 600, "medusa": 600}
+STEPS: dict[str, int] = {"eagle": 200, "specblock": 200, "medusa": 600}
 SEED = 0
 
 
@@ -49,6 +51,20 @@ def settings_key(name: str) -> str:
     blob = json.dumps({"data": DATA, "module": DRAFTERS[name], "optim": OPTIM, "steps": STEPS[name], "seed": SEED},
                       sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+
+def _shipped(name: str) -> tuple[torch.nn.Module, dict[str, Any]] | None:
+    """The packaged drafter (:mod:`lit_lowrank.decoding.shipped`) when it was trained with today's settings."""
+    from lit_lowrank.decoding.shipped import SHIPPED, load_drafter_file, read_metadata, shipped_path
+    from lit_lowrank.models.pretrained import load_smollm2
+
+    if name not in SHIPPED or DATA["target"] != "smollm2" or not shipped_path(name).is_file():
+        return None
+    if read_metadata(shipped_path(name))["key"] != settings_key(name):
+        return None  # the settings changed since it was trained: train (and cache) anew
+    model, _ = load_smollm2()
+    net, meta = load_drafter_file(shipped_path(name), model)
+    return net, dict(meta["info"], cached=True, shipped=True)
 
 
 def train_drafter(name: str, callbacks: list[Any] | None = None) -> tuple[torch.nn.Module, dict[str, float]]:
@@ -89,10 +105,15 @@ def trained_drafter(name: str, callbacks: list[Any] | None = None) -> tuple[torc
 
     if name not in DRAFTERS:
         raise ValueError(f"Unknown drafter {name!r}; expected one of {sorted(DRAFTERS)}.")
+    shipped = _shipped(name)
+    if shipped is not None:
+        return shipped
     path = _cache_dir() / f"{name}-{settings_key(name)}.pt"
     cls = MedusaHeads if DRAFTERS[name]["architecture"] == "medusa" else BlockDrafterNet
     if path.is_file():
-        blob = torch.load(path, weights_only=False)
+        from lit_lowrank.core.safe_load import load_weights_file
+
+        blob = load_weights_file(path, param="cache file", map_location="cpu")  # config, tensors, numbers only
         net = cls(**blob["config"])
         net.load_state_dict(blob["state_dict"])
         return net.eval(), dict(blob["info"], cached=True)
@@ -102,3 +123,24 @@ def trained_drafter(name: str, callbacks: list[Any] | None = None) -> tuple[torc
     torch.save({"config": net.config, "state_dict": net.state_dict(), "info": info}, tmp)
     os.replace(tmp, path)  # atomic: other processes share the cache root
     return net, dict(info, cached=False)
+
+
+def ship_drafter(name: str) -> Path:
+    """Write drafter ``name`` (trained with today's settings, from the cache or trained now) into the package.
+
+    This is how ``lit_lowrank/decoding/weights/<name>-smollm2.safetensors`` were made; rerun it after a
+    settings change (the benchmark ignores a shipped file whose settings key differs).
+
+    .. code-block:: python
+
+        python -c "from lit_lowrank.benchmarks._spec_drafters import ship_drafter; ship_drafter('specblock')"
+    """
+    from lit_lowrank.decoding.shipped import save_drafter, shipped_path
+    from lit_lowrank.models.pretrained import load_smollm2
+
+    net, info = trained_drafter(name)
+    model, _ = load_smollm2()
+    keep = {k: v for k, v in info.items() if k not in ("cached", "shipped")}
+    path = shipped_path(name)
+    save_drafter(net, path, key=settings_key(name), info=keep, target_head=model.get_output_embeddings().weight)
+    return path

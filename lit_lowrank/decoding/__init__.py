@@ -1,5 +1,7 @@
 """decoding: inference engines for causal LMs — lossless speculative decoding (draft trees verified in one
-target forward) with SpecBlock, EAGLE-style and Medusa-style drafters, and stable-rank scoring / Best-of-N."""
+target forward) with SpecBlock, EAGLE-style, Medusa-style, prompt-lookup and hybrid drafters sized by a fitted
+verification-cost model, a ``generate``-shaped entry point (:func:`speculative_generate`), the drafters shipped
+for SmolLM2, and stable-rank scoring / Best-of-N."""
 
 from __future__ import annotations
 
@@ -9,8 +11,8 @@ from lit_lowrank._lazy import lazy_exports
 
 if TYPE_CHECKING:  # static analysers and IDEs see the real names
     from lit_lowrank.decoding.adaptive import BanditAdaptiveDrafter
+    from lit_lowrank.decoding.cost import VerifyCost, fit_verify_cost
     from lit_lowrank.decoding.drafters import EagleDrafter, MedusaDrafter, SpecBlockDrafter
-    from lit_lowrank.decoding.reference_drafters import OracleDrafter, RandomDrafter
     from lit_lowrank.decoding.engine import (
         DecodeStats,
         Drafter,
@@ -20,8 +22,13 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
         SpeculativeDecoder,
         TargetLM,
         plain_decode,
+        sampling_probs,
         skip_decoder_layers,
     )
+    from lit_lowrank.decoding.generate import speculative_generate
+    from lit_lowrank.decoding.hybrid import HybridDrafter, NgramDrafter
+    from lit_lowrank.decoding.reference_drafters import OracleDrafter, RandomDrafter
+    from lit_lowrank.decoding.shipped import load_drafter, specblock_hybrid
     from lit_lowrank.decoding.spirit import (
         AgreementSearchDrafter,
         LayerSkipDrafter,
@@ -43,6 +50,14 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
     )
 
 _EXPORTS = {
+    'VerifyCost': 'lit_lowrank.decoding.cost',
+    'fit_verify_cost': 'lit_lowrank.decoding.cost',
+    'speculative_generate': 'lit_lowrank.decoding.generate',
+    'HybridDrafter': 'lit_lowrank.decoding.hybrid',
+    'NgramDrafter': 'lit_lowrank.decoding.hybrid',
+    'load_drafter': 'lit_lowrank.decoding.shipped',
+    'specblock_hybrid': 'lit_lowrank.decoding.shipped',
+    'sampling_probs': 'lit_lowrank.decoding.engine',
     'OracleDrafter': 'lit_lowrank.decoding.reference_drafters',
     'RandomDrafter': 'lit_lowrank.decoding.reference_drafters',
     'BanditAdaptiveDrafter': 'lit_lowrank.decoding.adaptive',
@@ -80,6 +95,8 @@ __all__ = [
     "BanditAdaptiveDrafter", "DecodeStats", "DraftRequest", "DraftTree", "Drafter", "EagleDrafter", "MedusaDrafter",
     "RoundFeedback", "SpecBlockDrafter", "SpeculativeDecoder", "TargetLM", "plain_decode", "skip_decoder_layers",
 ]
+__all__ += ["HybridDrafter", "NgramDrafter", "VerifyCost", "fit_verify_cost", "load_drafter", "sampling_probs",
+            "specblock_hybrid", "speculative_generate"]
 __all__ += ["BestOfNResult", "ResponseScorer", "StableRankReward", "best_of_n", "evaluate_pairs", "pairwise_accuracy",
             "score_pairs"]
 __all__ += ["AgreementSearchDrafter", "LayerSkipDrafter", "OfflineBayesDrafter", "SpiritDrafter",

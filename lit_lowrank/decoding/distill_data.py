@@ -198,14 +198,23 @@ def token_counts(data: dict[str, Any], vocab_size: int) -> Tensor:
 
 
 class DistillWindows(Dataset):
-    """Fixed-length windows over the concatenated sequences, with ``doc_ids`` marking sequence boundaries."""
+    """Fixed-length windows over the concatenated sequences, with ``doc_ids`` marking sequence boundaries.
 
-    def __init__(self, data: dict[str, Any], seq_len: int) -> None:
+    With ``assistant_only`` (the default) the loss targets of prompt positions are ``-100``: position
+    ``t`` predicts token ``t + 1``, so only positions whose next token is the target's own answer
+    (``t >= len(prompt) - 1``) are scored — what the drafter meets at decode time. The prompt
+    tokens still enter the windows as context (inputs and features).
+    """
+
+    def __init__(self, data: dict[str, Any], seq_len: int, assistant_only: bool = True) -> None:
         seqs = [p + c for p, c in zip(data["prompt_ids"], data["continuations"])]
         self.tokens = torch.tensor([t for s in seqs for t in s], dtype=torch.long)
         self.doc_ids = torch.repeat_interleave(torch.arange(len(seqs)), torch.tensor([len(s) for s in seqs]))
         self.features = torch.cat(data["features"])
-        self.target_ids = torch.cat(data["target_ids"])
+        self.target_ids = torch.cat(data["target_ids"]).clone()
+        if assistant_only:
+            scored = torch.cat([torch.arange(len(s)) >= len(p) - 1 for s, p in zip(seqs, data["prompt_ids"])])
+            self.target_ids[~scored] = -100
         self.seq_len = seq_len
         self.count = self.tokens.numel() // seq_len
         if self.count == 0:
@@ -233,6 +242,7 @@ class SelfDistillDataModule(pl.LightningDataModule):
         seq_len: training window length.
         batch_size: windows per batch.
         seed: document split, excerpts and shuffling.
+        assistant_only: score only positions that predict answer tokens (see :class:`DistillWindows`).
 
     Batches carry ``input_ids``, ``doc_ids``, ``features`` (float) and ``target_ids`` (B, T), so the
     training module never runs the target.
@@ -240,7 +250,7 @@ class SelfDistillDataModule(pl.LightningDataModule):
 
     def __init__(self, target: str = "smollm2", corpus: str = "lee", prompts: int = 192, val_prompts: int = 16,
                  max_new_tokens: int = 96, seq_len: int = 64, batch_size: int = 8, seed: int = 0,
-                 num_workers: int = 0) -> None:
+                 num_workers: int = 0, assistant_only: bool = True) -> None:
         super().__init__()
         if prompts < 1 or val_prompts < 1 or max_new_tokens < 1 or seq_len < 2 or batch_size < 1:
             raise ValueError(f"SelfDistillDataModule: expected prompts, val_prompts, max_new_tokens, batch_size >= 1 "
@@ -249,7 +259,7 @@ class SelfDistillDataModule(pl.LightningDataModule):
         self.save_hyperparameters()
         self.target, self.corpus, self.prompts, self.val_prompts = target, corpus, prompts, val_prompts
         self.max_new_tokens, self.seq_len, self.batch_size, self.seed = max_new_tokens, seq_len, batch_size, seed
-        self.num_workers = num_workers
+        self.num_workers, self.assistant_only = num_workers, assistant_only
         self.train_data: dict[str, Any] | None = None
         self.val_data: dict[str, Any] | None = None
 
@@ -289,10 +299,11 @@ class SelfDistillDataModule(pl.LightningDataModule):
         return token_counts(self.train_data, self.vocab_size)
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(DistillWindows(self.train_data, self.seq_len), batch_size=self.batch_size, shuffle=True,
+        windows = DistillWindows(self.train_data, self.seq_len, self.assistant_only)
+        return DataLoader(windows, batch_size=self.batch_size, shuffle=True,
                           drop_last=True, num_workers=self.num_workers,
                           generator=torch.Generator().manual_seed(self.seed))
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(DistillWindows(self.val_data, self.seq_len), batch_size=self.batch_size,
+        return DataLoader(DistillWindows(self.val_data, self.seq_len, self.assistant_only), batch_size=self.batch_size,
                           num_workers=self.num_workers)

@@ -28,6 +28,7 @@ kept), so nothing needs rolling back after verification.
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -237,7 +238,8 @@ def _select_tree(tok: list[int], parent: list[int], score: list[float], budget: 
     new_index = {old: k for k, old in enumerate(keep)}
     parents = [new_index[parent[i]] if parent[i] >= 0 else -1 for i in keep]
     return DraftTree(torch.tensor([tok[i] for i in keep], dtype=torch.long),
-                     torch.tensor(parents, dtype=torch.long), forwards=forwards)
+                     torch.tensor(parents, dtype=torch.long), forwards=forwards,
+                     info={"values": [math.exp(score[i]) for i in keep]})  # path probabilities
 
 
 @dataclass
@@ -366,7 +368,7 @@ class SpecBlockDrafter(Drafter):
         toks = [blocks[b].tokens[j][r] for _, _, (b, j, r), _ in nodes]
         parents = [index[p] if p >= 0 else -1 for _, _, _, p in nodes]
         return DraftTree(torch.tensor(toks, dtype=torch.long), torch.tensor(parents, dtype=torch.long),
-                         forwards=forwards)
+                         forwards=forwards, info={"values": [nd[1] for nd in nodes]})
 
     def _select(self, blocks: list[_Block], started: dict[tuple[int, int, int], int],
                 budget: int) -> list[tuple[int, float, tuple[int, int, int], int]]:

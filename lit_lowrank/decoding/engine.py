@@ -43,6 +43,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lit_lowrank.decoding.stats import DecodeStats
 from lit_lowrank.ops.speculative import (
     TreeLayout,
     accept_greedy,
@@ -363,70 +364,18 @@ class Drafter:
         """The verifier's feedback for the last round."""
 
 
-@dataclass
-class DecodeStats:
-    """Per-generation statistics.
-
-    ``mean_acceptance_length`` (τ) is tokens emitted per target forward after the prefill
-    (accepted draft tokens + the bonus token), ``forwards_per_round`` the drafter forward
-    passes per round, ``draft_share`` the fraction of decode time spent drafting.
-    """
-
-    new_tokens: int = 0
-    rounds: int = 0
-    accepted: list[int] = field(default_factory=list)
-    drafter_forwards: int = 0
-    draft_nodes: int = 0
-    draft_seconds: float = 0.0
-    verify_seconds: float = 0.0
-    prefill_seconds: float = 0.0
-    total_seconds: float = 0.0
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        return sum(a + 1 for a in self.accepted) / max(self.rounds, 1)
-
-    @property
-    def forwards_per_round(self) -> float:
-        return self.drafter_forwards / max(self.rounds, 1)
-
-    @property
-    def draft_share(self) -> float:
-        decode = self.total_seconds - self.prefill_seconds
-        return self.draft_seconds / decode if decode > 0 else 0.0
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.total_seconds if self.total_seconds > 0 else 0.0
-
-    def acceptance_figure(self, title: str = "") -> Any:
-        """Histogram of tokens emitted per round (accepted draft tokens + the bonus token), with τ
-        marked — for :func:`lit_lowrank.core.figures.log_figure` (W&B / TensorBoard / PNG)."""
-        from lit_lowrank.core.figures import new_figure
-
-        lengths = [a + 1 for a in self.accepted]
-        fig, ax = new_figure(5.0, 3.4)
-        if lengths:
-            edges = [x - 0.5 for x in range(1, max(lengths) + 2)]
-            counts, _, bars = ax.hist(lengths, bins=edges, color="tab:blue", rwidth=0.85)
-            ax.bar_label(bars, labels=[str(int(c)) for c in counts], fontsize=7)
-            ax.axvline(self.mean_acceptance_length, color="tab:red", ls="--", label=f"τ = {self.mean_acceptance_length:.2f}")
-            ax.legend(fontsize=8)
-        ax.set(xlabel="tokens per target forward (acceptance length)", ylabel="rounds",
-               title=title or f"acceptance lengths over {self.rounds} rounds")
-        return fig
-
-    def merge(self, other: DecodeStats) -> DecodeStats:
-        """Sum of two runs' statistics."""
-        return DecodeStats(
-            self.new_tokens + other.new_tokens, self.rounds + other.rounds, self.accepted + other.accepted,
-            self.drafter_forwards + other.drafter_forwards, self.draft_nodes + other.draft_nodes,
-            self.draft_seconds + other.draft_seconds, self.verify_seconds + other.verify_seconds,
-            self.prefill_seconds + other.prefill_seconds, self.total_seconds + other.total_seconds,
-        )
+def _stop_set(eos_token_id: int | list[int] | tuple[int, ...] | set[int] | None) -> frozenset[int]:
+    """The stop tokens as a set (``None``: none); ``eos_token_id`` may be one id or several."""
+    if eos_token_id is None:
+        return frozenset()
+    ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    if not all(isinstance(i, int) and i >= 0 for i in ids):
+        raise ValueError(f"`eos_token_id` must be a token id >= 0 or a list of them, got {eos_token_id!r}.")
+    return frozenset(ids)
 
 
-def _check_generate_args(input_ids: Tensor, max_new_tokens: int, temperature: float) -> Tensor:
+def _check_generate_args(input_ids: Tensor, max_new_tokens: int, temperature: float, top_k: int | None = None,
+                         top_p: float | None = None) -> Tensor:
     if input_ids.dim() == 2:
         if input_ids.shape[0] != 1:
             raise ValueError(f"`input_ids`: batch size 1 only, got shape {tuple(input_ids.shape)}.")
@@ -437,6 +386,10 @@ def _check_generate_args(input_ids: Tensor, max_new_tokens: int, temperature: fl
         raise ValueError(f"`max_new_tokens` must be >= 1, got {max_new_tokens}.")
     if temperature <= 0:
         raise ValueError(f"`temperature` must be > 0 (use do_sample=False for greedy), got {temperature}.")
+    if top_k is not None and top_k < 0:
+        raise ValueError(f"`top_k` must be >= 0 (0 or None: off), got {top_k}.")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"`top_p` must be in (0, 1], got {top_p}.")
     return input_ids
 
 
@@ -448,9 +401,9 @@ class _Committed:
     """
 
     def __init__(self, prompt: Tensor, max_new_tokens: int, slack: int, features: Tensor | None,
-                 eos_token_id: int | None) -> None:
+                 eos_token_id: int | list[int] | None) -> None:
         cap = prompt.numel() + max_new_tokens + slack + 1
-        self.max_new_tokens, self.eos_token_id = max_new_tokens, eos_token_id
+        self.max_new_tokens, self.stops = max_new_tokens, _stop_set(eos_token_id)
         self.eos_index: int | None = None  # buffer index of the first new EOS
         self.tokens = torch.empty(cap, dtype=torch.long, device=prompt.device)
         self.tokens[: prompt.numel()] = prompt
@@ -463,8 +416,10 @@ class _Committed:
 
     def append(self, tokens: list[int], features: Tensor | None = None) -> None:
         n = len(tokens)
-        if self.eos_index is None and self.eos_token_id in tokens:
-            self.eos_index = self.length + tokens.index(self.eos_token_id)
+        if self.eos_index is None and self.stops:
+            hit = next((i for i, t in enumerate(tokens) if t in self.stops), None)
+            if hit is not None:
+                self.eos_index = self.length + hit
         self.tokens[self.length: self.length + n] = torch.tensor(tokens, dtype=torch.long)
         if self.features is not None and features is not None:  # features of the positions before the new root
             self.features[self.length - 1: self.length - 1 + features.shape[0]] = features
@@ -486,37 +441,62 @@ class _Committed:
         return self.tokens[:end], end - self.prompt_length >= self.max_new_tokens
 
 
-def _choose(logits: Tensor, do_sample: bool, temperature: float, generator: torch.Generator | None) -> int:
+def sampling_probs(logits: Tensor, temperature: float = 1.0, top_k: int | None = None,
+                   top_p: float | None = None) -> Tensor:
+    """The distribution transformers ``generate`` samples from: ``logits / temperature``, then top-k,
+    then top-p (nucleus) filtering, exactly as its logits warpers (in float64), softmax over the last dim.
+
+    .. code-block:: python
+
+        probs = sampling_probs(logits, temperature=0.7, top_k=50)     # (..., V), rows sum to 1
+    """
+    scores = logits.double() / temperature
+    if top_k is not None and 0 < top_k < scores.shape[-1]:
+        kth = torch.topk(scores, top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=False, dim=-1)
+        remove = sorted_scores.softmax(-1).cumsum(-1) <= (1 - top_p)
+        remove[..., -1:] = False  # keep at least one token
+        scores = scores.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
+    return torch.softmax(scores, -1)
+
+
+def _choose(logits: Tensor, do_sample: bool, temperature: float, generator: torch.Generator | None,
+            top_k: int | None = None, top_p: float | None = None) -> int:
     if not do_sample:
         return int(logits.argmax())
-    probs = torch.softmax(logits.double() / temperature, -1)
+    probs = sampling_probs(logits, temperature, top_k, top_p)
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
 @torch.no_grad()
-def plain_decode(target: TargetLM, input_ids: Tensor, max_new_tokens: int, eos_token_id: int | None = None,
+def plain_decode(target: TargetLM, input_ids: Tensor, max_new_tokens: int, eos_token_id: int | list[int] | None = None,
                  do_sample: bool = False, temperature: float = 1.0,
-                 generator: torch.Generator | None = None) -> tuple[Tensor, DecodeStats]:
+                 generator: torch.Generator | None = None, top_k: int | None = None,
+                 top_p: float | None = None) -> tuple[Tensor, DecodeStats]:
     """Plain autoregressive decoding with the target's KV cache (the baseline; one forward per token).
 
-    Returns the prompt followed by the new tokens (cut after the first EOS) and the stats.
+    Returns the prompt followed by the new tokens (cut after the first stop token: ``eos_token_id``
+    is one id or a list) and the stats.
 
     .. code-block:: python
 
         out, stats = plain_decode(TargetLM(model), prompt, max_new_tokens=32)
     """
-    input_ids = _check_generate_args(input_ids, max_new_tokens, temperature)
+    input_ids = _check_generate_args(input_ids, max_new_tokens, temperature, top_k, top_p)
+    stops = _stop_set(eos_token_id)
     start = time.perf_counter()
     logits, _ = target.start(input_ids)
     stats = DecodeStats(prefill_seconds=time.perf_counter() - start)
-    generated = [_choose(logits[-1], do_sample, temperature, generator)]
-    while len(generated) < max_new_tokens and generated[-1] != eos_token_id:
+    generated = [_choose(logits[-1], do_sample, temperature, generator, top_k, top_p)]
+    while len(generated) < max_new_tokens and generated[-1] not in stops:
         t0 = time.perf_counter()
         logits = target.step(generated[-1])
         stats.verify_seconds += time.perf_counter() - t0
         stats.rounds += 1
         stats.accepted.append(0)
-        generated.append(_choose(logits, do_sample, temperature, generator))
+        generated.append(_choose(logits, do_sample, temperature, generator, top_k, top_p))
     stats.total_seconds = time.perf_counter() - start
     stats.new_tokens = len(generated)
     return torch.cat([input_ids, torch.tensor(generated, dtype=torch.long, device=input_ids.device)]), stats
@@ -546,15 +526,18 @@ class SpeculativeDecoder:
         self.budget = budget
 
     @torch.no_grad()
-    def generate(self, input_ids: Tensor, max_new_tokens: int, eos_token_id: int | None = None,
+    def generate(self, input_ids: Tensor, max_new_tokens: int, eos_token_id: int | list[int] | None = None,
                  do_sample: bool = False, temperature: float = 1.0,
-                 generator: torch.Generator | None = None) -> tuple[Tensor, DecodeStats]:
+                 generator: torch.Generator | None = None, top_k: int | None = None,
+                 top_p: float | None = None) -> tuple[Tensor, DecodeStats]:
         """Decode up to ``max_new_tokens`` after ``input_ids`` ``(T,)`` or ``(1, T)``.
 
-        Returns the prompt followed by the new tokens (cut after the first EOS, exactly
-        like plain decoding) and the :class:`DecodeStats`.
+        Returns the prompt followed by the new tokens (cut after the first stop token, exactly
+        like plain decoding; ``eos_token_id`` is one id or a list) and the :class:`DecodeStats`.
+        The prompt is 1-D here; :func:`~lit_lowrank.decoding.generate.speculative_generate`
+        returns ``(1, T)`` like transformers ``generate``.
         """
-        input_ids = _check_generate_args(input_ids, max_new_tokens, temperature)
+        input_ids = _check_generate_args(input_ids, max_new_tokens, temperature, top_k, top_p)
         device = input_ids.device
         start = time.perf_counter()
         target, drafter, budget = self.target, self.drafter, self.budget
@@ -562,7 +545,7 @@ class SpeculativeDecoder:
         logits, hidden = target.start(input_ids)
         stats = DecodeStats(prefill_seconds=time.perf_counter() - start)
         committed = _Committed(input_ids, max_new_tokens, budget + 1, hidden if uses_features else None, eos_token_id)
-        committed.append([_choose(logits[-1], do_sample, temperature, generator)])
+        committed.append([_choose(logits[-1], do_sample, temperature, generator, top_k, top_p)])
         drafter.reset()
         root_parent = torch.full((1,), -1, dtype=torch.long, device=device)
         while True:
@@ -580,7 +563,7 @@ class SpeculativeDecoder:
             logits, hidden = target.verify(layout)
             argmax = logits.argmax(-1)
             if do_sample:
-                path, bonus = accept_sampling(layout, torch.softmax(logits.double() / temperature, -1), generator)
+                path, bonus = accept_sampling(layout, sampling_probs(logits, temperature, top_k, top_p), generator)
             else:
                 path, bonus = accept_greedy(layout, argmax)
             target.keep(path)

@@ -493,8 +493,10 @@ class MedusaHeads(nn.Module):
 
     @classmethod
     def load(cls, path: Any, map_location: Any = "cpu") -> MedusaHeads:
-        """Rebuild heads saved with :meth:`save`."""
-        blob = torch.load(path, map_location=map_location, weights_only=False)
+        """Rebuild heads saved with :meth:`save` (config and tensors only: a pickled object is refused)."""
+        from lit_lowrank.core.safe_load import load_weights_file
+
+        blob = load_weights_file(path, param="path", map_location=map_location)
         heads = cls(**blob["config"])
         heads.load_state_dict(blob["state_dict"])
         return heads

@@ -169,7 +169,7 @@ def test_reference_drafters_bound_the_engine():
     assert stats.accepted[:-1] == [4] * (len(stats.accepted) - 1)  # every full round is accepted
     out, stats = SpeculativeDecoder(target, RandomDrafter(23, length=4), budget=4).generate(prompt, 20)
     assert torch.equal(out, ref)
-    assert stats.rounds >= 19 - sum(stats.accepted)
+    assert stats.mean_acceptance_length < 1.5  # random guesses over 23 tokens are (almost) all rejected
     with pytest.raises(ValueError, match="length"):
         OracleDrafter(ref, length=0)
 

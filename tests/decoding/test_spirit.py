@@ -90,13 +90,17 @@ def test_lossless_under_every_skip_pattern():
     assert min(accepted) < 5.0  # skipping changes the draft, and losslessness still holds
 
 
-def test_sampling_with_a_layer_skip_draft_runs():
-    """The sampling path (the engine's speculative sampling rule) takes the self-draft too."""
+def test_sampling_with_a_layer_skip_draft_keeps_the_targets_tokens():
+    """The sampling path (the engine's speculative sampling rule) with the self-draft: at top-k 1 the target's
+    law is a point mass, so the sampled output must be the greedy one, with drafts accepted on the way."""
     target = TargetLM(tiny_target())
+    ref, _ = plain_decode(target, PROMPT, 12)
     g = torch.Generator().manual_seed(0)
-    out, _ = SpeculativeDecoder(target, LayerSkipDrafter(SkipPattern(attn=frozenset({1})), stop_confidence=0.0),
-                                budget=6).generate(PROMPT, 12, do_sample=True, temperature=0.8, generator=g)
-    assert out.shape == (PROMPT.numel() + 12,) and torch.equal(out[:PROMPT.numel()], PROMPT)
+    out, stats = SpeculativeDecoder(target, LayerSkipDrafter(SkipPattern(attn=frozenset({1})), stop_confidence=0.0),
+                                    budget=6).generate(PROMPT, 12, do_sample=True, temperature=0.8, top_k=1,
+                                                       generator=g)
+    assert torch.equal(out, ref)
+    assert sum(stats.accepted) > 0
 
 
 def test_drafting_leaves_the_verifier_cache_exactly_as_it_was():
