@@ -343,7 +343,9 @@ class StacRLinearFunction(torch.autograd.Function):
         g2d = grad_y.reshape(-1, grad_y.shape[-1])
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
-            grad_x = (grad_y @ weight).reshape(x_shape)
+            # under autocast (bf16/fp16-mixed) forward's F.linear ran in the low dtype, so grad_y arrives in it
+            # while the saved weight is float32: contract in the weight's dtype (autograd casts grad_x to x's)
+            grad_x = (grad_y.to(weight.dtype) @ weight).reshape(x_shape)
         if exact:
             (x2d,) = saved
             if ctx.needs_input_grad[1]:
