@@ -39,16 +39,24 @@ import datetime
 import importlib
 import json
 import os
-import platform
 import pkgutil
+import platform
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lit_lowrank.benchmarks._claims import (competitor, claim, paired, per_unit, premise, resolve, statistic_claim,
-                                            verdict_of)
+from lit_lowrank.benchmarks._claims import (
+    claim,
+    competitor,
+    paired,
+    per_unit,
+    premise,
+    resolve,
+    statistic_claim,
+    verdict_of,
+)
 
 __all__ = ["BenchmarkResult", "available_benchmarks", "claim", "competitor", "paired", "per_unit", "premise",
            "print_result", "resolve", "run_benchmark", "statistic_claim", "validity", "verdict_of"]
