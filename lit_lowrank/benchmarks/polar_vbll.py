@@ -12,16 +12,31 @@ split by NLL (never on test):
 - ``lora_mle`` / ``polar_mle``: LoRA (PEFT) / PoLAR (+ landing) adapters + linear head, cross-entropy.
 - ``temp_scaled``: ``lora_mle`` with a temperature fitted on the validation split (Guo et al. 2017).
 - ``lora_laplace``: last-layer Laplace on ``lora_mle``'s features, done fairly: the head is the MAP *under the
-  prior it is judged by*, the prior precision chosen by laplace-torch's marginal likelihood, alternated to a
-  fixed point (:func:`~lit_lowrank.ops.laplace_ll.fit_last_layer_laplace`); GLM probit predictive.
+  prior it is judged by* (:func:`~lit_lowrank.ops.laplace_ll.fit_last_layer_laplace`), the prior precision
+  chosen on validation NLL (below); GLM probit predictive.
 - ``mc_dropout``: LoRA with adapter dropout and dropout before the head, ``p ∈ {0.05, 0.1, 0.2}`` (validation),
   ``T`` stochastic forwards averaged.
 - ``ensemble``: ``M`` ``lora_mle`` members (different initialisations and batch noise), averaged.
-- ``polar_vbll``: PoLAR adapters + VBLL head (:func:`~lit_lowrank.adapters.polar_vbll.apply_polar_vbll`),
-  negative ELBO, alternating 10-step phases (adapters / posterior), landing, MC predictive on the head (one
-  backbone forward); ``prior_scale ∈ {1, 10, 100}`` (validation).
-- ``lora_vbll`` (ablation, no claim): the same VBLL head and schedule on LoRA adapters — it separates what the
-  VBLL head does from what the PoLAR adapters do.
+- ``polar_vbll``: PoLAR adapters + VBLL head. **Warm start**: the first ``WARM`` = 50 steps train the adapters
+  and a linear head by MLE (as ``polar_mle``), then the head becomes a VBLL head whose posterior mean is that MLE
+  head (:func:`~lit_lowrank.adapters.polar_vbll.apply_polar_vbll`) and the negative ELBO trains on, landing on,
+  MC predictive on the head (one backbone forward). **Schedule** (METHODS.md §8 leaves it open) and
+  ``prior_scale ∈ {1, 10, 100}`` are chosen together per seed on validation NLL among ``joint`` (everything, the
+  remaining 250 steps), ``alternate_step`` (adapters / posterior every other step, same budget) and
+  ``alternate_full`` (10-step phases, each block the full 250-step budget: 500 steps); each schedule at its own
+  best prior scale is a row too (``polar_vbll[joint]`` ...).
+- ``lora_vbll`` (ablation, no claim): the same warm start and VBLL head on LoRA adapters at PoLAR-VBLL's chosen
+  schedule — it separates what the VBLL head does from what the PoLAR adapters do.
+
+Every knob by the same rule, validation NLL: temperature (``temp_scaled``), last-layer Laplace's prior precision
+(the marginal likelihood's choice or ``{1, 10, 100, 1000}``, the MAP head under each), MC-dropout's ``p``,
+PoLAR-VBLL's schedule and prior scale.
+
+**Premises**: ``calibration_headroom`` (a temperature fitted on the *test* split lowers LoRA MLE's NLL: there is
+miscalibration to remove) for the ECE/NLL claims against LoRA MLE; ``ood_signal`` (the distance to the nearest
+training feature separates OOD digits better than LoRA MLE's max-softmax: the features carry the signal a Bayesian
+head could expose) for the OOD claim. **Competitors**: temperature scaling (for NLL and ECE), a 3-member ensemble
+(OOD), a reseeded LoRA MLE (accuracy).
 
 Rows per (method, seed): accuracy, ECE (15 bins, torchmetrics), NLL, Brier, OOD AUROC (score ``1 − max p``),
 backbone forwards per prediction and the chosen knob. Claims (paired over seeds, 95% t-intervals): PoLAR-VBLL has
