@@ -157,6 +157,7 @@ class AlternatingSchedule(pl.Callback):
                                  f"{sorted(self.groups)}.")
         self._managed: dict[str, tuple[nn.Parameter, set[str]]] = {}
         self.current_phase = -1
+        self.offset = 0  # steps before the first phase (PoLARVBLL's MLE warm start): every managed group trains
 
     def phase_at(self, step: int) -> int:
         """Index of the phase that optimizer step ``step`` belongs to."""
@@ -194,9 +195,18 @@ class AlternatingSchedule(pl.Callback):
         # after configure_optimizers: the optimizer already holds every trainable parameter
         self.resolve(pl_module)
 
+    def train_all(self) -> None:
+        """Every managed parameter trains (outside the phases: the warm start)."""
+        for param, _ in self._managed.values():
+            param.requires_grad_(True)
+        self.current_phase = -1
+
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
-        index = self.phase_at(trainer.global_step)
+        if trainer.global_step < self.offset:
+            self.train_all()
+            return
+        index = self.phase_at(trainer.global_step - self.offset)
         if index != self.current_phase:
             self.apply_phase(index)
         from lit_lowrank.core.logging import log_method
@@ -223,7 +233,11 @@ class PoLARVBLL(MethodCallback):
         head: attribute path of the module's linear head.
         num_train: training-set size; ``None`` = ``len(datamodule.train_dataloader().dataset)``.
         head_kwargs: :class:`VBLLHead` options.
-        phases / groups: the :class:`AlternatingSchedule`; ``phases=[]`` trains everything jointly.
+        phases / groups: the :class:`AlternatingSchedule`; ``phases=[]`` trains everything jointly (the
+            benchmark picks joint / per-step / full-budget alternation on validation NLL).
+        warmup_steps: MLE warm start: the first steps train adapters and the head's posterior *mean* with
+            cross-entropy on its mean logits (the head starts at the task's fresh head, usually random), then
+            the negative ELBO and the phases take over (``0``: ELBO from the first step).
         landing: apply PoLAR's landing step to the X/Y gradients before each optimizer step
             (``lam`` = ``landing_lambda``); ignored for ``adapter != "polar"``.
 
@@ -248,6 +262,7 @@ class PoLARVBLL(MethodCallback):
         groups: dict[str, list[str]] | None = None,
         landing: bool = True,
         landing_lambda: float = 5e-3,
+        warmup_steps: int = 0,
     ) -> None:
         super().__init__()
         if adapter is not None and adapter not in ADAPTERS:
@@ -263,6 +278,11 @@ class PoLARVBLL(MethodCallback):
             groups.pop("adapter", None)
             phases = [{"train": ["head"], "steps": 1}] if phases is None else phases
         self.schedule = (AlternatingSchedule(phases, groups, METHOD) if phases is None or len(phases) > 0 else None)
+        if not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ValueError(f"`warmup_steps`={warmup_steps!r}, expected an integer >= 0 (MLE warm-start steps).")
+        self.warmup_steps = warmup_steps
+        if self.schedule is not None:
+            self.schedule.offset = warmup_steps
         self.landing = landing and adapter == "polar"
         self.landing_lambda = landing_lambda
         self._head: VBLLHead | None = None
@@ -305,9 +325,14 @@ class PoLARVBLL(MethodCallback):
         if not isinstance(batch, dict) or "y" not in batch:
             raise ValueError("PoLARVBLL needs labelled dict batches with key 'y' (the ELBO's targets).")
         assert self._head is not None, "PoLARVBLL.setup did not run"
-        elbo = self._head.elbo_loss(outputs["features"], batch["y"])
         task_loss = outputs.get("loss")
         rest = loss - task_loss if isinstance(task_loss, Tensor) else torch.zeros_like(loss)
+        if trainer.global_step < self.warmup_steps:  # MLE warm start of the posterior mean (and the adapters)
+            mean, _ = self._head.logit_moments(outputs["features"])
+            mle = torch.nn.functional.cross_entropy(mean, batch["y"])
+            self.log_method(pl_module, "warmup_ce", mle.detach())
+            return mle + rest
+        elbo = self._head.elbo_loss(outputs["features"], batch["y"])
         self.log_method(pl_module, "neg_elbo", elbo.detach())
         with torch.no_grad():
             self.log_method(pl_module, "weight_var", self._head.weight_variance(outputs["features"]).mean())

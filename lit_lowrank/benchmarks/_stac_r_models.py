@@ -135,6 +135,9 @@ class Spec:
     """One method: a STAC-R basis (``None`` = exact activations) with its code, checkpointing, GaLore.
 
     ``rank`` 0 means full rank: every layer coded at its own input width (the no-compression control).
+    ``target``: each layer's rank chosen at the calibration step for this weight-gradient cosine
+    (:func:`~lit_lowrank.ops.stac_r_rank.select_rank`, margin ``margin``); ``rank`` is then only the
+    calibration forward's.
     """
 
     name: str
@@ -145,6 +148,8 @@ class Spec:
     update_every: int = 1
     galore_rank: int | None = None
     checkpoint: bool = False
+    target: float | None = None
+    margin: float = 0.005
 
 
 class Variant:
@@ -162,6 +167,9 @@ class Variant:
     def _build(self, task: Task, spec: Spec, lr: float) -> None:
         self.model = copy.deepcopy(task.model).train()
         self.layers: dict[str, STACRLinear] = {}
+        self.ranks: dict[str, int] = {}
+        self.calibration_bases: dict[str, Tensor] = {}
+        self.curves: dict[str, Tensor] = {}
         if spec.basis is not None:
             kwargs = dict(residual_density=spec.density, basis=spec.basis, coef_dtype=spec.coef_dtype,
                           update_every=spec.update_every)
@@ -204,9 +212,14 @@ class Variant:
         if diagnose and meter is not None:
             raise ValueError("a diagnosed step keeps the exact inputs: it must not be a measured one.")
         mode = "calibrate" if self.steps == 0 else "compress"
+        select = None if self.spec.target is None or mode != "calibrate" else dict(
+            target=self.spec.target, criterion="grad_cosine", margin=self.spec.margin, multiple=8)
         for layer in self.layers.values():
             layer.mode, layer.diagnose = mode, diagnose and mode == "compress"
             layer.diagnostics.clear()
+            layer.rank_select = select
+            if diagnose and mode == "compress":
+                layer.diagnostics["capture"] = True  # the exact (X, G): controls scored on the same step
         start = time.perf_counter()
         if meter is not None:
             meter.start_segment("forward_backward")
@@ -226,13 +239,34 @@ class Variant:
             meter.end_segment()
         if loss.is_cuda:  # the step's kernels have finished when the clock is read
             torch.cuda.synchronize(loss.device)
-        out = {"loss": float(loss.detach()), "seconds": time.perf_counter() - start}
+        out: dict[str, Any] = {"loss": float(loss.detach()), "seconds": time.perf_counter() - start}
+        if select is not None:
+            self._choose_ranks()
+        elif mode == "calibrate":
+            self.calibration_bases = {n: layer.stac_r_basis for n, layer in self.layers.items()
+                                      if layer.stac_r_basis is not None}
         if diagnose and self.layers:
-            cos = [layer.diagnostics.pop("bridge").cosine for layer in self.layers.values()
+            cos = [layer.diagnostics["bridge"].cosine for layer in self.layers.values()
                    if "bridge" in layer.diagnostics]
             out.update(cosine=sum(cos) / len(cos), cosine_min=min(cos), cosine_layers=len(cos))
+            out["captured"] = {n: (layer.diagnostics.pop("x"), layer.diagnostics.pop("g"))
+                               for n, layer in self.layers.items() if "x" in layer.diagnostics}
+            for layer in self.layers.values():
+                layer.diagnostics.clear()
         self.steps += 1
         return out
+
+    def _choose_ranks(self) -> None:
+        """Each layer's rank and basis from its calibration choice; the bases at calibration are kept aside
+        (the untracked control: the same choice, frozen)."""
+        for name, layer in self.layers.items():
+            layer.rank_select = None
+            layer.diagnostics.pop("select", None)
+            choice = layer.diagnostics.pop("choice")
+            layer.rank, layer.stac_r_basis = choice.rank, choice.basis.to(layer.weight.device)
+            self.ranks[name] = choice.rank
+            self.calibration_bases[name] = layer.stac_r_basis
+            self.curves[name] = choice.curve.cpu()  # the cosine at every rank: the frontier over targets
 
     def calibrate_forward(self, batch: dict[str, Tensor]) -> None:
         """Start the bases from one forward on ``batch`` (no backward, no update): a control's calibration
@@ -272,3 +306,50 @@ def set_code(layers: dict[str, STACRLinear], chosen: set[str], rank: int, coef_d
 
 def mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
+
+
+def control_cosines(captured: dict[str, tuple[Tensor, Tensor]], variant: Variant) -> dict[str, float]:
+    """Mean over layers of the weight-gradient cosine other codes reach on the same step's exact ``(X, G)``.
+
+    Each layer at the rank STAC-R uses there: ``untracked`` (the calibration basis, frozen),
+    ``svd`` (a per-step SVD stored with its basis, iso-byte rank), ``random`` (a fresh Gaussian
+    projection, no residual, iso-byte width) and ``oracle`` (the step's own top-``r`` SVD basis
+    at STAC-R's rank and residual, not stored: the best a rank-``r`` principal basis can do on
+    this batch — the premise of the cosine claim).
+    """
+    from lit_lowrank.ops.stac_r import (
+        compress_activation,
+        decompress_activation,
+        gradient_bridge,
+        iso_byte_rank,
+        random_projection,
+        random_projection_rank,
+    )
+
+    out: dict[str, list[float]] = {"untracked": [], "svd": [], "random": [], "oracle": []}
+    for i, (name, (x, g)) in enumerate(sorted(captured.items())):
+        layer = variant.layers[name]
+        n, d = x.shape
+        r, rho = layer.rank, layer.residual_density
+        _, _, vh = torch.linalg.svd(x.float(), full_matrices=False)
+        bases = {"untracked": (variant.calibration_bases[name], rho),
+                 "svd": (vh[:iso_byte_rank(n, d, r)].T.to(torch.bfloat16).float(), rho),
+                 "random": (random_projection(d, random_projection_rank(n, d, r, rho), seed=7919 * i + n,
+                                              device=x.device), 0.0),
+                 "oracle": (vh[:r].T.contiguous(), rho)}
+        for key, (basis, density) in bases.items():
+            code = compress_activation(x, basis.to(x.device), density)
+            out[key].append(gradient_bridge(g, x, decompress_activation(code)).cosine)
+    return {k: sum(v) / len(v) for k, v in out.items() if v}
+
+
+def ranks_for_target(curves: dict[str, Tensor], widths: dict[str, int], target: float, margin: float,
+                     multiple: int = 8) -> dict[str, int]:
+    """Per-layer ranks :func:`~lit_lowrank.ops.stac_r_rank.select_rank` would choose for ``target`` from the
+    calibration step's cosine curves (the frontier over targets without another calibration)."""
+    out = {}
+    for name, curve in curves.items():
+        reached = (curve >= min(1.0, target + margin) - 1e-6).nonzero()
+        need = int(reached[0]) + 1 if reached.numel() else widths[name]
+        out[name] = min(widths[name], multiple * math.ceil(need / multiple))
+    return out

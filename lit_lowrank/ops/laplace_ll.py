@@ -70,7 +70,8 @@ def marglik_precision(la, weights: Tensor, start: float, iterations: int = 200, 
 
 
 def fit_last_layer_laplace(features: Tensor, labels: Tensor, num_classes: int, prior_precision: float = 1.0,
-                           rounds: int = 50, tol: float = 0.01) -> tuple[Callable[[Tensor], Tensor], dict[str, Any]]:
+                           rounds: int = 50, tol: float = 0.01,
+                           optimize: bool = True) -> tuple[Callable[[Tensor], Tensor], dict[str, Any]]:
     """MAP head + Laplace with the marginal-likelihood prior precision (module docstring); ``features -> probs``.
 
     Args:
@@ -80,6 +81,8 @@ def fit_last_layer_laplace(features: Tensor, labels: Tensor, num_classes: int, p
         prior_precision: the starting ``δ``.
         rounds: at most this many MAP / marginal-likelihood alternations.
         tol: stop when ``δ`` moves by less than this fraction.
+        optimize: ``False`` keeps ``δ = prior_precision`` (the MAP head under it, one round): for choosing
+            ``δ`` on validation data instead of by the marginal likelihood.
 
     Returns:
         ``(predict, info)``: ``predict(features) -> (B, C)`` probabilities; ``info`` with the final
@@ -103,6 +106,9 @@ def fit_last_layer_laplace(features: Tensor, labels: Tensor, num_classes: int, p
         la = Laplace(head, "classification", subset_of_weights="all", hessian_structure="full",
                      prior_precision=precision)
         la.fit(loader)
+        if not optimize:
+            converged = True
+            break
         new = marglik_precision(la, torch.cat([p.detach().flatten() for p in head.parameters()]), precision)
         converged = abs(new - precision) <= tol * precision
         precision = new

@@ -118,6 +118,9 @@ class SDSLoRAFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         x, lora_a, lora_b = ctx.saved_tensors
+        # under autocast (bf16/fp16-mixed) grad_out and x may be half precision while the factors are float32:
+        # compute in the factors' (saved) dtype; autograd casts each returned gradient to its input's dtype
+        grad_out, x = grad_out.to(lora_a.dtype), x.to(lora_a.dtype)
         s = ctx.scaling
         grad_x = grad_a = grad_b = None
         if ctx.needs_input_grad[0]:

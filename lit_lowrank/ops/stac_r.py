@@ -43,6 +43,7 @@ from torch import Tensor
 
 from lit_lowrank.ops.lowrank import truncated_svd
 from lit_lowrank.ops.saved_tensors import NO_CODEC_ATTR
+from lit_lowrank.ops.stac_r_rank import select_rank
 
 __all__ = [
     "ActivationCode", "BridgeStats", "StacRLinearFunction", "compress_activation", "compressed_nbytes",
@@ -309,9 +310,13 @@ class StacRLinearFunction(torch.autograd.Function):
     """``y = x Wᵀ + b`` saving the activation code of ``x`` instead of ``x``.
 
     ``exact=True`` saves ``x`` itself (the calibration step). ``diagnostics`` (a dict or
-    ``None``) receives the :class:`BridgeStats` of the step, computed in backward; in
-    compressed mode this keeps ``x`` on the context for that step (outside the saved-tensor
-    hooks, so diagnostic steps must not be used for memory measurement).
+    ``None``) receives the :class:`BridgeStats` of the step under ``"bridge"``, computed in
+    backward; in compressed mode this keeps ``x`` on the context for that step (outside the
+    saved-tensor hooks, so diagnostic steps must not be used for memory measurement), and
+    ``diagnostics["capture"] = True`` also hands back the exact ``"x"`` and ``"g"``. In exact
+    mode, ``diagnostics["select"] = {target, criterion, margin, ...}`` instead receives the
+    :class:`~lit_lowrank.ops.stac_r_rank.RankChoice` of :func:`~lit_lowrank.ops.stac_r_rank.select_rank`
+    under ``"choice"`` (the per-layer rank for a fidelity target).
     """
 
     @staticmethod
@@ -343,12 +348,16 @@ class StacRLinearFunction(torch.autograd.Function):
         g2d = grad_y.reshape(-1, grad_y.shape[-1])
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
-            grad_x = (grad_y @ weight).reshape(x_shape)
+            # under autocast (bf16/fp16-mixed) forward's F.linear ran in the low dtype, so grad_y arrives in it
+            # while the saved weight is float32: contract in the weight's dtype (autograd casts grad_x to x's)
+            grad_x = (grad_y.to(weight.dtype) @ weight).reshape(x_shape)
         if exact:
             (x2d,) = saved
             if ctx.needs_input_grad[1]:
                 grad_w = (g2d.float().T @ x2d.float()).to(weight.dtype)
-            if diagnostics is not None:
+            if diagnostics is not None and "select" in diagnostics:  # the per-layer rank for a fidelity target
+                diagnostics["choice"] = select_rank(x2d, g2d, **diagnostics["select"])
+            elif diagnostics is not None:
                 code = compress_activation(x2d, ctx.basis, density, bits, coef_dtype)
                 diagnostics["bridge"] = gradient_bridge(g2d, x2d, decompress_activation(code))
         else:
@@ -359,6 +368,8 @@ class StacRLinearFunction(torch.autograd.Function):
                 grad_w = factored_weight_grad(g2d, code).to(weight.dtype)
             if diagnostics is not None and ctx.x_exact is not None:
                 diagnostics["bridge"] = gradient_bridge(g2d, ctx.x_exact, decompress_activation(code))
+                if diagnostics.get("capture"):  # the exact (X, G) of this step, for controls scored on the same step
+                    diagnostics["x"], diagnostics["g"] = ctx.x_exact, g2d.detach().float()
                 ctx.x_exact = None
         if has_bias and ctx.needs_input_grad[2]:
             grad_b = g2d.sum(0).to(weight.dtype)

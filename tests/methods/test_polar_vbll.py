@@ -127,3 +127,30 @@ def test_classification_module_logs_calibration_and_ood_auroc(tmp_path, one_thre
                 "val/ood_auroc"):
         assert key in metrics and torch.isfinite(metrics[key]), key
     assert 0.0 <= float(metrics["val/ood_auroc"]) <= 1.0
+
+
+def test_mle_warm_start_trains_the_posterior_mean_and_adapters_first(tmp_path, one_thread):
+    module = _module()
+    seen = []
+
+    class Probe(PoLARVBLL):
+        def on_loss(self, trainer, pl_module, batch, outputs, loss):
+            new = super().on_loss(trainer, pl_module, batch, outputs, loss)
+            mean, _ = self._head.logit_moments(outputs["features"])
+            seen.append((float(new), float(torch.nn.functional.cross_entropy(mean, batch["y"]))))
+            return new
+
+    method = Probe(target_modules=TARGET, rank=4, warmup_steps=2,
+                   phases=[{"train": ["adapter"], "steps": 1}, {"train": ["head"], "steps": 1}])
+    recorder = _StepRecorder()
+    _trainer(tmp_path, [method, recorder], max_steps=4).fit(module, datamodule=DigitsDataModule(batch_size=32))
+    names = [n for n, _ in module.named_parameters()]
+    adapter = {n for n in names if ".lora_X." in n or ".lora_Y." in n or ".lora_theta." in n}
+    head = {n for n in names if n.startswith("head.layer.") and n != "head.layer.noise_mean"}
+    # warm start: everything managed trains on the mean logits' cross-entropy; then the phases, from phase 0
+    assert recorder.trainable == [adapter | head, adapter | head, adapter, head]
+    assert "head.layer.W_mean" in recorder.moved[0] and adapter <= recorder.moved[0]
+    assert [round(a, 5) for a, _ in seen[:2]] == [round(b, 5) for _, b in seen[:2]]  # the loss is that CE
+    assert seen[2][0] != pytest.approx(seen[2][1])  # then the negative ELBO
+    with pytest.raises(ValueError, match="warmup_steps"):
+        PoLARVBLL(target_modules=TARGET, warmup_steps=-1)
