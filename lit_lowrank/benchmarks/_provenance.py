@@ -84,10 +84,22 @@ def _git(*args: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def provenance(extra_sources: Iterable[str] = ()) -> dict[str, Any]:
-    """``{"commit", "dirty", "sources": {path: code hash}}`` for the sources imported so far."""
+#: The hash recorded for a source file edited while the run was going: it never matches, so the result reads stale.
+CHANGED_DURING_RUN = "changed-during-run"
+
+
+def provenance(extra_sources: Iterable[str] = (), started: float | None = None) -> dict[str, Any]:
+    """``{"commit", "dirty", "sources": {path: code hash}}`` for the sources imported so far.
+
+    ``started`` (a ``time.time()``): a file modified after it may not be the code that ran, so
+    it is recorded as :data:`CHANGED_DURING_RUN` instead of its hash.
+    """
     paths = sorted(imported_sources() | set(extra_sources) | WORKER_SOURCES)
-    sources = {p: code_hash(PACKAGE.parent / p) for p in paths}
+    sources = {}
+    for p in paths:
+        path = PACKAGE.parent / p
+        changed = started is not None and path.stat().st_mtime > started
+        sources[p] = CHANGED_DURING_RUN if changed else code_hash(path)
     commit = _git("rev-parse", "HEAD")
     dirty = None
     if commit is not None:

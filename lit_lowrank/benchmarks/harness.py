@@ -152,6 +152,7 @@ def run_benchmark(name: str, quick: bool = False, seed: int = 0, json_path: str 
     from lit_lowrank.benchmarks._provenance import WORKER_SOURCES, provenance
 
     WORKER_SOURCES.clear()
+    started = time.time()
     start = time.perf_counter()
     with reporting(f"{name} ({'quick' if quick else 'full'})"):
         result: BenchmarkResult = module.run(quick=quick, seed=seed)
@@ -162,7 +163,7 @@ def run_benchmark(name: str, quick: bool = False, seed: int = 0, json_path: str 
     payload: dict[str, Any] = {
         "benchmark": name, "quick": quick, "seed": seed, "device": "cuda" if "gpu" in machine else "cpu",
         "seconds": round(seconds, 2), "date": datetime.date.today().isoformat(), "machine": machine,
-        "provenance": provenance(), "valid": not reasons, "rows": result.rows, "claims": claims,
+        "provenance": provenance(started=started), "valid": not reasons, "rows": result.rows, "claims": claims,
         "controls": result.controls, "premises": result.premises, "competitors": result.competitors,
     }
     if reasons:

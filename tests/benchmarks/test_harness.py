@@ -272,3 +272,23 @@ def test_stale_results_lists_changed_and_unrecorded_sources(tmp_path, capsys):
     assert main(["bench", "--stale", "--root", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "old: no provenance" in out and "toy: code changed (lit_lowrank/benchmarks/_helper.py)" in out
+
+
+def test_a_source_edited_during_the_run_is_recorded_as_changed(tmp_path, monkeypatch):
+    import os
+    import time
+
+    from lit_lowrank.benchmarks import _provenance
+
+    pkg = tmp_path / "lit_lowrank"
+    pkg.mkdir()
+    (pkg / "a.py").write_text("A = 1\n")
+    (pkg / "b.py").write_text("B = 1\n")
+    monkeypatch.setattr(_provenance, "PACKAGE", pkg)
+    started = time.time()
+    os.utime(pkg / "a.py", (started - 60, started - 60))
+    os.utime(pkg / "b.py", (started + 60, started + 60))  # edited after the run began
+    prov = _provenance.provenance(["lit_lowrank/a.py", "lit_lowrank/b.py"], started=started)
+    assert prov["sources"]["lit_lowrank/a.py"] == _provenance.code_hash(pkg / "a.py")
+    assert prov["sources"]["lit_lowrank/b.py"] == _provenance.CHANGED_DURING_RUN
+    assert _provenance.changed_sources(prov["sources"], tmp_path) == ["lit_lowrank/b.py"]
