@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import warnings
 from typing import Any
@@ -117,11 +116,10 @@ def main(argv: list[str] | None = None) -> int | None:
     argv = sys.argv[1:] if argv is None else list(argv)
     # Lightning 2.6 on torch 2.14 warns about a pytree API it still uses; not actionable here.
     warnings.filterwarnings("ignore", message=".*LeafSpec.*")
-    # torch_geometric scripts two NamedTuples with torch.jit.script at import (deprecated in torch 2.10+),
-    # bitsandbytes (imported by PEFT) logs that an optional CPU kernel package is absent: neither is
-    # actionable by a user, and both were printed by every command
+    # torch_geometric scripts two NamedTuples with torch.jit.script at import (deprecated in torch 2.10+): not
+    # actionable by a user, and printed by every command. bitsandbytes' missing-kernel message is dropped at its
+    # source by lit_lowrank.core.quiet (one message, not the whole logger).
     warnings.filterwarnings("ignore", message=r".*`torch\.jit\.script` is deprecated.*", category=FutureWarning)
-    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     if argv and argv[0] == "bench":
         return _bench(argv[1:])
     if argv and argv[0] == "methods":

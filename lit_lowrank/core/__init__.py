@@ -22,6 +22,14 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
         require_outputs,
     )
     from lit_lowrank.core.method_entry import log_method_entry, method_config
+    from lit_lowrank.core.module_methods import (
+        ModuleMethod,
+        apply_module_method,
+        log_module_methods,
+        method_aux_loss,
+        method_context,
+        register_module_method,
+    )
     from lit_lowrank.core.registry import (
         MethodSpec,
         all_methods,
@@ -56,6 +64,9 @@ _EXPORTS = {
     "rebuild_surgery": "surgery", "record_surgery": "surgery", "replace_module": "surgery",
     "save_surgery": "surgery", "surgery_records": "surgery",
     "temporarily_set": "temporary",
+    "ModuleMethod": "module_methods", "apply_module_method": "module_methods", "log_module_methods": "module_methods",
+    "method_aux_loss": "module_methods", "method_context": "module_methods",
+    "register_module_method": "module_methods",
 }
 
 __all__ = [
@@ -64,6 +75,8 @@ __all__ = [
     "methods_table", "find_modules", "replace_module", "mark_replaced", "is_replaced", "record_surgery",
     "surgery_records", "save_surgery", "rebuild_surgery", "import_object",
     "temporarily_set", "log_figure", "method_config", "log_method_entry", "LossHookWarning",
+    "ModuleMethod", "apply_module_method", "log_module_methods", "method_aux_loss", "method_context",
+    "register_module_method",
 ]
 
 

@@ -87,6 +87,8 @@ def load_weights_file(path: str | Path, *, param: str, map_location: Any = "cpu"
         UnsafeFileError: the file holds other objects (pickled classes or functions): it is not unpickled.
     """
     path = Path(path)
+    if path.is_dir():
+        raise CorruptFileError(f"`{param}`={str(path)!r} is a folder; expected a weights or checkpoint file.")
     if not path.is_file():
         raise FileNotFoundError(f"`{param}`={str(path)!r} does not exist; expected a weights or checkpoint file.")
     if path.suffix == ".safetensors":

@@ -9,18 +9,17 @@ from lit_lowrank._lazy import lazy_exports
 if TYPE_CHECKING:  # static analysers and IDEs see the real names
     from lit_lowrank.mixins.specdrop import (
         SpecDropBranches,
-        ablate_branch,
         apply_specdrop,
         log_specdrop_diagnostics,
         specdrop_aux_loss,
         specdrop_blocks,
         specdrop_category,
     )
-    from lit_lowrank.mixins.specdrop_analysis import SpecDropSensitivity
+    from lit_lowrank.mixins.specdrop_analysis import SpecDropSensitivity, ablate_branch
 
 _EXPORTS = {
     'SpecDropBranches': 'lit_lowrank.mixins.specdrop',
-    'ablate_branch': 'lit_lowrank.mixins.specdrop',
+    'ablate_branch': 'lit_lowrank.mixins.specdrop_analysis',
     'apply_specdrop': 'lit_lowrank.mixins.specdrop',
     'log_specdrop_diagnostics': 'lit_lowrank.mixins.specdrop',
     'specdrop_aux_loss': 'lit_lowrank.mixins.specdrop',

@@ -29,15 +29,15 @@ Every branch is always computed (SpecDrop's ``p_i > 0`` needs them all), which a
 keeps every parameter in the graph under DDP.
 
 How the category reaches the branches: the datamodule puts ``category`` in the
-batch; the task module runs its forward inside ``with specdrop_category(self,
-batch["category"]):``, a small context that sets the tag on every block and clears
-it afterwards. Nothing reads the trainer. Missing tags raise in training; in eval
+batch; the task module runs its forward inside ``with method_context(self, batch):``
+(:mod:`lit_lowrank.core.module_methods`; SpecDrop's part is :func:`specdrop_category`), a
+small context that sets the tag on every block and clears it afterwards. Nothing reads the trainer. Missing tags raise in training; in eval
 mode ``missing_category="uniform"`` is the documented tag-free inference mode (the
 mean of the branches, consistent because every branch carries ``1/K`` on average).
 
 The learned routers' load-balancing loss is added by the *task's loss*: each block
 keeps ``aux_loss`` from its last training forward and the task module adds
-:func:`specdrop_aux_loss` to its loss (a user's module adds the same one line).
+:func:`~lit_lowrank.core.method_aux_loss` (here :func:`specdrop_aux_loss`) to its loss.
 
 .. code-block:: python
 
@@ -48,18 +48,18 @@ keeps ``aux_loss`` from its last training forward and the task module adds
     apply_specdrop(self.net, target=r"blocks\\.11\\.mlp$", num_branches=4, merge="specdrop")
 
     def training_step(self, batch, batch_idx):
-        with specdrop_category(self, batch["category"]):
+        with method_context(self, batch):        # from lit_lowrank.core: the batch's tags reach the branches
             logits = self.net(batch["x"])
         loss = F.cross_entropy(logits, batch["y"])
-        aux = specdrop_aux_loss(self)            # learned-router baselines only
+        aux = method_aux_loss(self)              # learned-router baselines only
         return loss if aux is None else loss + aux
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
 import math
-import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
@@ -70,6 +70,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_lowrank.core.logging import log_method
+from lit_lowrank.core.module_methods import register_module_method
 from lit_lowrank.core.surgery import (
     find_modules,
     is_replaced,
@@ -78,13 +79,14 @@ from lit_lowrank.core.surgery import (
     replace_module,
 )
 from lit_lowrank.core.temporary import temporarily_set
+from lit_lowrank.mixins.branch_copies import LoRABranch, _infer_in_features, _permute_entries, _reinitialise
 from lit_lowrank.ops.specdrop import (
     branch_of_category,
-    load_balancing_loss,
-    router_entropy,
     hard_routing_weights,
+    load_balancing_loss,
     mutual_information_loss,
     renormalise_without,
+    router_entropy,
     soft_moe_weights,
     specdrop_dropout_weights,
     specdrop_weights,
@@ -99,67 +101,6 @@ _CACHE_ATTR = "_lit_lowrank_specdrop_blocks"
 _BLOCK_GENERATION = [0]
 Merge = Literal["specdrop", "no_routing", "shared_expert", "router", "soft_moe", "demix"]
 MERGES: tuple[str, ...] = ("specdrop", "no_routing", "shared_expert", "router", "soft_moe", "demix")
-
-
-class LoRABranch(nn.Module):
-    """One low-rank branch ``delta(x) = B A x * alpha / r`` (``lora_A`` Kaiming, ``lora_B`` zero).
-
-    Shapes: ``x: (..., in_features)`` -> ``(..., out_features)``.
-    """
-
-    def __init__(self, in_features: int, out_features: int, rank: int, alpha: float,
-                 dtype: torch.dtype | None = None, device: torch.device | None = None) -> None:
-        super().__init__()
-        if not 1 <= rank <= min(in_features, out_features):
-            raise ValueError(f"`lora_rank`={rank!r}: expected 1 <= rank <= min({in_features}, {out_features}).")
-        self.lora_A = nn.Linear(in_features, rank, bias=False, dtype=dtype, device=device)
-        self.lora_B = nn.Linear(rank, out_features, bias=False, dtype=dtype, device=device)
-        self.scaling = alpha / rank
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))
-        nn.init.zeros_(self.lora_B.weight)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.lora_B(self.lora_A(x)) * self.scaling
-
-
-def _permute_entries(module: nn.Module) -> None:
-    """Shuffle the entries of every parameter tensor of a branch copy.
-
-    For a freshly initialised module (i.i.d. entries per tensor, as every standard init
-    draws them) this is an independent draw from exactly the module's own initialisation
-    (Kaiming-normal convolutions stay Kaiming-normal; ones and zeros stay ones and zeros).
-    """
-    with torch.no_grad():
-        for param in module.parameters():
-            flat = param.reshape(-1)
-            param.copy_(flat[torch.randperm(flat.numel(), device=flat.device)].view_as(param))
-
-
-def _reinitialise(module: nn.Module) -> None:
-    """Fresh weights from each submodule's ``reset_parameters()`` (PyTorch's default init)."""
-    uncovered = []
-    for name, sub in module.named_modules():
-        if hasattr(sub, "reset_parameters"):
-            sub.reset_parameters()
-        elif any(True for _ in sub.parameters(recurse=False)):
-            uncovered.append(name or type(sub).__name__)
-    if uncovered:
-        warnings.warn(
-            f"SpecDrop init='reset': submodules {uncovered} have parameters but no reset_parameters(); "
-            "their branch copies keep the original values.", stacklevel=3,
-        )
-
-
-def _infer_in_features(module: nn.Module) -> int | None:
-    for sub in module.modules():
-        for attr in ("in_features", "in_channels"):
-            value = getattr(sub, attr, None)
-            if isinstance(value, int):
-                return value
-    return None
 
 
 class SpecDropBranches(nn.Module):
@@ -263,13 +204,8 @@ class SpecDropBranches(nn.Module):
                 branch_of_category(torch.arange(len(category_to_branch)), num_branches, category_to_branch)
             if stochastic and max(p_active, p_inactive) > 1:
                 raise ValueError(f"`stochastic`=True needs p_active, p_inactive <= 1, got {p_active}, {p_inactive}.")
-        self.config: dict[str, Any] = _normalised_config(num_branches, merge, {
-            "p_active": p_active, "p_inactive": p_inactive, "category_to_branch": category_to_branch,
-            "stochastic": stochastic, "missing_category": missing_category, "init": init,
-            "router_top_k": router_top_k, "aux_loss_weight": aux_loss_weight, "in_features": in_features,
-            "branch_type": branch_type, "lora_rank": lora_rank, "lora_alpha": lora_alpha,
-            "router_categories": router_categories, "mi_loss_weight": mi_loss_weight, "lora_shared_A": lora_shared_A,
-        })
+        given = locals()
+        self.config: dict[str, Any] = _normalised_config(num_branches, merge, {k: given[k] for k in _DEFAULTS})
         self.num_branches, self.merge = num_branches, merge
         self.target_name = type(module).__name__
         self.base: nn.Module | None = None
@@ -574,12 +510,13 @@ def apply_specdrop(
     return model
 
 
-_DEFAULTS: dict[str, Any] = {
-    "p_active": 1.0, "p_inactive": 0.1, "category_to_branch": None, "stochastic": False,
-    "missing_category": "error", "init": "permute", "router_top_k": 1, "aux_loss_weight": 0.01,
-    "in_features": None, "branch_type": "copy", "lora_rank": 8, "lora_alpha": 16.0,
-    "router_categories": None, "mi_loss_weight": 0.0, "lora_shared_A": False,
-}
+def _signature_defaults() -> dict[str, Any]:
+    params = inspect.signature(SpecDropBranches.__init__).parameters
+    return {name: p.default for name, p in params.items() if name not in ("self", "module", "num_branches", "merge")}
+
+
+#: The options of :class:`SpecDropBranches` with their defaults: read from its signature, the one place they live.
+_DEFAULTS: dict[str, Any] = _signature_defaults()
 _OPTION_NAMES = tuple(_DEFAULTS)
 
 
@@ -615,27 +552,6 @@ def specdrop_category(model: nn.Module, category: Tensor | None) -> Iterator[Non
         yield
 
 
-@contextmanager
-def ablate_branch(model: nn.Module, branch: int, renormalise: bool = True) -> Iterator[None]:
-    """Prune branch ``branch`` in every block for the forwards inside the context: pruning analysis.
-
-    ``renormalise=True`` (default) rescales the remaining branches' weights to the old
-    total (a learned router re-routes to the remaining experts; Soft MoE's combine
-    renormalises over the remaining slots), so the analysis measures what the branch
-    *computes*, not the weight the merge rule gives it. ``renormalise=False`` only
-    zeroes the branch: the output then shrinks by that branch's weight, and SpecDrop's
-    own branch (``p_a / D`` ≈ 0.71 at K = 5, p_i = 0.1) looks important even when every
-    branch computes the same function (weight-tied branches score as fully specialised).
-    """
-    blocks = specdrop_blocks(model)
-    for block in blocks:
-        if not 0 <= branch < block.num_branches:
-            raise ValueError(f"`branch`={branch!r}: expected an index in [0, {block.num_branches}).")
-    with temporarily_set(blocks, "ablation_renormalise", renormalise), \
-            temporarily_set(blocks, "ablated_branch", branch):
-        yield
-
-
 def specdrop_aux_loss(model: nn.Module) -> Tensor | None:
     """Sum of the blocks' auxiliary losses from the last training forward (learned routers), else ``None``."""
     losses = [block.aux_loss for block in specdrop_blocks(model) if block.aux_loss is not None]
@@ -657,3 +573,22 @@ def log_specdrop_diagnostics(pl_module: pl.LightningModule) -> None:
     aux = specdrop_aux_loss(pl_module)
     if aux is not None:
         log_method(pl_module, METHOD, "aux_loss", aux.detach())
+
+
+class _SpecDropInModule:
+    """SpecDrop's part of :func:`~lit_lowrank.core.method_context` and its siblings: tags in, aux loss and
+    diagnostics out, for any module holding SpecDrop blocks (a no-op for one without)."""
+
+    name = METHOD
+
+    def batch_context(self, module: nn.Module, batch: Any) -> Any:
+        return specdrop_category(module, batch.get("category") if hasattr(batch, "get") else None)
+
+    def aux_loss(self, module: nn.Module) -> Tensor | None:
+        return specdrop_aux_loss(module)
+
+    def log_diagnostics(self, pl_module: Any) -> None:
+        log_specdrop_diagnostics(pl_module)
+
+
+register_module_method(_SpecDropInModule())

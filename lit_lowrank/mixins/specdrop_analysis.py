@@ -14,7 +14,8 @@ others together (:func:`~lit_lowrank.ops.specdrop.diagonal_dominance`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +24,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_only
-from torch import Tensor
+from torch import Tensor, nn
 from typing_extensions import override
 
 from lit_lowrank.core.logging import log_method
+from lit_lowrank.core.temporary import temporarily_set
 from lit_lowrank.mixins.specdrop import (
     METHOD,
-    ablate_branch,
     specdrop_blocks,
     specdrop_category,
 )
@@ -39,6 +40,28 @@ from lit_lowrank.ops.specdrop import (
     sensitivity_matrix,
     specialization_gap,
 )
+
+
+@contextmanager
+def ablate_branch(model: nn.Module, branch: int, renormalise: bool = True) -> Iterator[None]:
+    """Prune branch ``branch`` in every block for the forwards inside the context: pruning analysis.
+
+    ``renormalise=True`` (default) rescales the remaining branches' weights to the old
+    total (a learned router re-routes to the remaining experts; Soft MoE's combine
+    renormalises over the remaining slots), so the analysis measures what the branch
+    *computes*, not the weight the merge rule gives it. ``renormalise=False`` only
+    zeroes the branch: the output then shrinks by that branch's weight, and SpecDrop's
+    own branch (``p_a / D`` ≈ 0.71 at K = 5, p_i = 0.1) looks important even when every
+    branch computes the same function (weight-tied branches score as fully specialised).
+    """
+    blocks = specdrop_blocks(model)
+    for block in blocks:
+        if not 0 <= branch < block.num_branches:
+            raise ValueError(f"`branch`={branch!r}: expected an index in [0, {block.num_branches}).")
+    with temporarily_set(blocks, "ablation_renormalise", renormalise), \
+            temporarily_set(blocks, "ablated_branch", branch):
+        yield
+
 
 ScoreFn = Callable[["pl.LightningModule", dict[str, Any]], Tensor]
 

@@ -11,12 +11,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
 from lit_lowrank.core.loss_hooks import apply_loss_hooks
-from lit_lowrank.mixins.specdrop import (
-    apply_specdrop,
-    log_specdrop_diagnostics,
-    specdrop_aux_loss,
-    specdrop_category,
-)
+from lit_lowrank.core.module_methods import apply_module_method, log_module_methods, method_aux_loss, method_context
 from lit_lowrank.ops.calibration import OODAUROC, MulticlassBrierScore, MulticlassNLL
 from lit_lowrank.tasks.base import TaskModule
 
@@ -44,8 +39,8 @@ class ClassificationModule(TaskModule):
             callbacks (SHOT, SafeCut) supply the loss. Evaluation still uses ``y``.
         weights_path: a Lightning checkpoint or ``state_dict`` file of this module
             (e.g. the source-trained model) loaded strictly at construction.
-        branches: SpecDrop / multi-branch options for
-            :func:`~lit_lowrank.mixins.specdrop.apply_specdrop` (``target`` relative to this
+        branches: options of the branch mixin (:func:`~lit_lowrank.core.apply_module_method` with
+            ``"branches"``: SpecDrop and its multi-branch baselines; ``target`` relative to this
             module, e.g. ``r"backbone\\.stages\\.2$"``, ``num_branches``, ``merge``, ...);
             recorded in hparams, so ``load_from_checkpoint`` rebuilds the branches. The
             batch's ``category`` reaches them through ``step``.
@@ -93,7 +88,7 @@ class ClassificationModule(TaskModule):
         make_head = getattr(backbone, "make_head", None)
         self.head = make_head(num_classes) if callable(make_head) else nn.Linear(num_features, num_classes)
         if branches is not None:
-            apply_specdrop(self, **branches)
+            apply_module_method(self, "branches", branches)
         self.label_smoothing = label_smoothing
         self.supervised = supervised
         metric = lambda: torchmetrics.Accuracy(task="multiclass", num_classes=num_classes)  # noqa: E731
@@ -124,8 +119,8 @@ class ClassificationModule(TaskModule):
                                f"unexpected keys {unexpected[:5]}.")
 
     def forward(self, x: Tensor, category: Tensor | None = None) -> Tensor:
-        """Logits ``(B, num_classes)``; ``category (B,)`` feeds SpecDrop branches when present."""
-        with specdrop_category(self, category):
+        """Logits ``(B, num_classes)``; ``category (B,)`` reaches branch mixins when present."""
+        with method_context(self, {"category": category}):
             return self.head(self.backbone(x))
 
     def forward_features(self, x: Tensor) -> Tensor:
@@ -141,14 +136,14 @@ class ClassificationModule(TaskModule):
                 f"when supervised=False; 'category' optional); got {type(batch).__name__}"
                 + (f" with keys {sorted(batch)}" if isinstance(batch, dict) else "")
             )
-        with specdrop_category(self, batch.get("category")):
+        with method_context(self, batch):
             features = self.backbone(batch["x"])
             logits = self.head(features)
         if uses_labels:
             loss = F.cross_entropy(logits, batch["y"], label_smoothing=self.label_smoothing)
         else:  # target adaptation: no label in the training loss; methods add theirs
             loss = logits.sum() * 0.0
-        aux = specdrop_aux_loss(self)  # learned-router baselines' load-balancing loss, else None
+        aux = method_aux_loss(self)  # e.g. learned-router baselines' load-balancing loss, else None
         if aux is not None:
             loss = loss + aux
         return {"loss": loss, "logits": logits, "features": features, "category": batch.get("category")}
@@ -156,7 +151,7 @@ class ClassificationModule(TaskModule):
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         outputs = self.step(batch)
         loss = apply_loss_hooks(self, batch, outputs, outputs["loss"])
-        log_specdrop_diagnostics(self)
+        log_module_methods(self)
         values: dict[str, Any] = {"loss": loss}
         if "y" in batch:  # in target-adaptation mode: evaluation only, never in the loss
             self.train_acc(outputs["logits"].detach(), batch["y"])
@@ -167,8 +162,7 @@ class ClassificationModule(TaskModule):
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
         """Validation metrics; with several val loaders, loaders after the first are OOD sets (``val/ood_auroc``)."""
         if dataloader_idx > 0:  # an OOD set: its labels (if any) are not the task's; only the OOD score counts
-            with specdrop_category(self, batch.get("category")):
-                probs = self(batch["x"]).softmax(-1)
+            probs = self(batch["x"], batch.get("category")).softmax(-1)
             self.val_ood_auroc.update(probs, True)
             self.log("val/ood_auroc", self.val_ood_auroc, on_step=False, on_epoch=True, add_dataloader_idx=False,
                      batch_size=probs.shape[0])

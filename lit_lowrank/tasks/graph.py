@@ -131,6 +131,12 @@ class NodeClassificationModule(TaskModule):
         if self.figures_due():
             self._homophily_figure_data = (outputs["logits"].detach(), data, mask)
 
+    def test_step(self, data: Any, batch_idx: int) -> None:
+        outputs = self.step(data, "test")
+        mask = outputs["mask"]
+        self.test_acc(outputs["logits"][mask], data.y[mask])
+        self.log_split("test", {"loss": outputs["loss"], "acc": self.test_acc}, batch_size=int(mask.sum()))
+
     def on_validation_epoch_end(self) -> None:
         self.log_confusion()
         pending = getattr(self, "_homophily_figure_data", None)
@@ -192,9 +198,3 @@ def local_homophily(edge_index: Tensor, y: Tensor, num_nodes: int) -> Tensor:
     degree = torch.zeros(num_nodes, device=y.device).index_add_(0, dst, torch.ones_like(same))
     agree = torch.zeros(num_nodes, device=y.device).index_add_(0, dst, same)
     return agree / degree.clamp_min(1)
-
-    def test_step(self, data: Any, batch_idx: int) -> None:
-        outputs = self.step(data, "test")
-        mask = outputs["mask"]
-        self.test_acc(outputs["logits"][mask], data.y[mask])
-        self.log_split("test", {"loss": outputs["loss"], "acc": self.test_acc}, batch_size=int(mask.sum()))

@@ -13,13 +13,8 @@ from torchmetrics.text import Perplexity
 
 from lit_lowrank.core.logging import log_method
 from lit_lowrank.core.loss_hooks import apply_loss_hooks
+from lit_lowrank.core.module_methods import apply_module_method, log_module_methods, method_aux_loss, method_context
 from lit_lowrank.core.surgery import import_object
-from lit_lowrank.mixins.specdrop import (
-    apply_specdrop,
-    log_specdrop_diagnostics,
-    specdrop_aux_loss,
-    specdrop_category,
-)
 from lit_lowrank.tasks.base import TaskModule
 
 #: A ~1M-parameter Llama used when no config is given (fits the embedded corpora on a CPU).
@@ -72,8 +67,8 @@ class CausalLMModule(TaskModule):
         vocab_size: vocabulary size for a random-init model (match the tokenizer).
         respect_boundaries: block-diagonal causal attention over packed documents.
         attn_implementation: ``"sdpa"`` or ``"eager"``.
-        branches: SpecDrop / multi-branch options for
-            :func:`~lit_lowrank.mixins.specdrop.apply_specdrop` (``target`` relative to this
+        branches: options of the branch mixin (:func:`~lit_lowrank.core.apply_module_method` with
+            ``"branches"``: SpecDrop and its multi-branch baselines; ``target`` relative to this
             module, e.g. ``r"model\\.model\\.layers\\.1\\.mlp$"``, or LoRA branches with
             ``branch_type: lora``); recorded in hparams, so ``load_from_checkpoint``
             rebuilds them. The batch's ``category`` (source tag) reaches them in ``step``.
@@ -104,7 +99,7 @@ class CausalLMModule(TaskModule):
         self.model = self._build(model_config, pretrained_path, vocab_size, attn_implementation)
         self.is_native = pretrained_path is None and (model_config or {}).get("model_type") in NATIVE_LM_TYPES
         if branches is not None:
-            apply_specdrop(self, **branches)
+            apply_module_method(self, "branches", branches)
         self.respect_boundaries = respect_boundaries
         self.val_ppl, self.test_ppl = Perplexity(ignore_index=-100), Perplexity(ignore_index=-100)
 
@@ -152,12 +147,12 @@ class CausalLMModule(TaskModule):
         missing = [k for k in ("input_ids", "labels") if k not in batch]
         if missing:
             raise ValueError(f"CausalLMModule expects batch keys 'input_ids' and 'labels'; missing {missing}.")
-        with specdrop_category(self, batch.get("category")):
+        with method_context(self, batch):
             out = self(batch["input_ids"], batch.get("position_ids"), batch.get("doc_ids"), output_hidden_states=True)
         logits = out.logits
         labels = batch["labels"]
         loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
-        aux = specdrop_aux_loss(self)  # learned-router baselines' load-balancing loss, else None
+        aux = method_aux_loss(self)  # e.g. learned-router baselines' load-balancing loss, else None
         if aux is not None:
             loss = loss + aux
         return {"loss": loss, "logits": logits, "hidden_states": out.hidden_states[-1],
@@ -166,7 +161,7 @@ class CausalLMModule(TaskModule):
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         outputs = self.step(batch)
         loss = apply_loss_hooks(self, batch, outputs, outputs["loss"])
-        log_specdrop_diagnostics(self)
+        log_module_methods(self)
         n = int((batch["labels"] != -100).sum())
         self.log_split("train", {"loss": loss}, batch_size=n)
         if self.is_native and hasattr(self.model, "method_diagnostics"):

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 import torch
 
+from lit_lowrank.benchmarks import _specdrop_models as models
 from lit_lowrank.benchmarks import specdrop as bench
 from lit_lowrank.benchmarks._claims import claim, verdict_of
 
@@ -24,7 +25,7 @@ def _params(model: torch.nn.Module) -> int:
 def test_hydra_parameter_formula_matches_the_built_block(hierarchical):
     model = bench.build_token_model("hydra_lora", hierarchical, 5, [c // 4 for c in range(20)])
     width = model.block[0].base.out_features
-    assert _params(model.block) == bench.hydra_params(bench.D_MODEL, width, 5)
+    assert _params(model.block) == models.hydra_params(models.D_MODEL, width, 5)
 
 
 def test_token_methods_are_parameter_matched(hierarchical):
