@@ -17,6 +17,9 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
         named_adapter_layers,
         peft_config_for,
     )
+    from lit_lowrank.adapters.polar import PoLARLandingWarning, PoLARLinear, polar_delta_stable_rank, polar_layers
+    from lit_lowrank.adapters.polar_landing import PoLARLanding, apply_landing_, polar_diagnostics, stiefel_factors
+    from lit_lowrank.adapters.polar_vbll import AlternatingSchedule, PoLARVBLL, apply_polar_vbll
     from lit_lowrank.adapters.portable import (
         load_adapters,
         load_peft_model,
@@ -24,9 +27,6 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
         save_adapters,
         write_variant_info,
     )
-    from lit_lowrank.adapters.polar import PoLARLandingWarning, PoLARLinear, polar_delta_stable_rank, polar_layers
-    from lit_lowrank.adapters.polar_landing import PoLARLanding, apply_landing_, polar_diagnostics, stiefel_factors
-    from lit_lowrank.adapters.polar_vbll import AlternatingSchedule, PoLARVBLL, apply_polar_vbll
     from lit_lowrank.adapters.sama import SaMALinear
     from lit_lowrank.adapters.sd_lora import SDLoRA
     from lit_lowrank.adapters.sds_lora import SDSLoraLinear

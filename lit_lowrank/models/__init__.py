@@ -32,6 +32,7 @@ from typing import Any
 from torch import nn
 
 from lit_lowrank.models.castor import Castor
+from lit_lowrank.models.cross_dataset import CrossDatasetDigitClassifier
 from lit_lowrank.models.graph_baselines import (
     ACMGCN,
     GPRGNN,
@@ -52,8 +53,6 @@ from lit_lowrank.models.pretrained import (
     minilm_path,
     smollm2_path,
 )
-from lit_lowrank.models.cross_dataset import CrossDatasetDigitClassifier
-from lit_lowrank.models.zero_shot_clip import ZeroShotCLIP
 from lit_lowrank.models.prototype import DigitPrototypeClassifier, PrototypeClassifier, digit_view
 from lit_lowrank.models.resnet_cifar import (
     ResNetCifar,
@@ -64,6 +63,7 @@ from lit_lowrank.models.resnet_cifar import (
 )
 from lit_lowrank.models.sentence_encoder import minilm as _minilm
 from lit_lowrank.models.small import MLP, SmallCNN, TokenBagEncoder, cnn_small, mlp, token_bag
+from lit_lowrank.models.zero_shot_clip import ZeroShotCLIP
 
 __all__ = [
     "PrototypeClassifier",

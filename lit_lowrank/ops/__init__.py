@@ -73,9 +73,9 @@ from lit_lowrank.ops.sama import (
 from lit_lowrank.ops.sara import (
     break_even_rank,
     factored_macs,
+    fraction_rank,
     lrae_data,
     lrae_spectrum,
-    fraction_rank,
     online_rank_fraction,
     output_effective_rank,
     output_lrae,
