@@ -29,7 +29,9 @@ demo: $(STAMP)
 	mkdir -p $(LIT_LOWRANK_SCRATCH)
 	$(BIN)/lit-lowrank fit --config configs/quickstart.yaml
 
+# lint first: a ruff finding ([tool.ruff] in pyproject.toml) fails `make test` before pytest starts
 test: $(STAMP)
+	$(BIN)/ruff check lit_lowrank tests
 	mkdir -p $(LIT_LOWRANK_SCRATCH)/tmp
 	TMPDIR=$(LIT_LOWRANK_SCRATCH)/tmp $(BIN)/python -m pytest -q -p no:cacheprovider --basetemp=$(LIT_LOWRANK_SCRATCH)/pytest -m "not dist" $(PYTEST_ARGS)
 

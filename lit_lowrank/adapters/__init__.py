@@ -6,9 +6,9 @@ from typing import TYPE_CHECKING
 
 from lit_lowrank._lazy import lazy_exports
 
-if TYPE_CHECKING:  # static analysers and IDEs see the real names
-    from lit_lowrank.adapters.diagnostics import AdapterDiagnostics
-    from lit_lowrank.adapters.injector import (
+if TYPE_CHECKING:  # IDEs see the real names (F401: unused at run time; tests/test_exports.py checks them)
+    from lit_lowrank.adapters.diagnostics import AdapterDiagnostics  # noqa: F401
+    from lit_lowrank.adapters.injector import (  # noqa: F401
         AdapterInjector,
         adapter_layers,
         adapter_method,
@@ -17,20 +17,20 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
         named_adapter_layers,
         peft_config_for,
     )
-    from lit_lowrank.adapters.portable import (
+    from lit_lowrank.adapters.polar import PoLARLandingWarning, PoLARLinear, polar_delta_stable_rank, polar_layers  # noqa: F401
+    from lit_lowrank.adapters.polar_landing import PoLARLanding, apply_landing_, polar_diagnostics, stiefel_factors  # noqa: F401
+    from lit_lowrank.adapters.polar_vbll import AlternatingSchedule, PoLARVBLL, apply_polar_vbll  # noqa: F401
+    from lit_lowrank.adapters.portable import (  # noqa: F401
         load_adapters,
         load_peft_model,
         read_variant_info,
         save_adapters,
         write_variant_info,
     )
-    from lit_lowrank.adapters.polar import PoLARLandingWarning, PoLARLinear, polar_delta_stable_rank, polar_layers
-    from lit_lowrank.adapters.polar_landing import PoLARLanding, apply_landing_, polar_diagnostics, stiefel_factors
-    from lit_lowrank.adapters.polar_vbll import AlternatingSchedule, PoLARVBLL, apply_polar_vbll
-    from lit_lowrank.adapters.sama import SaMALinear
-    from lit_lowrank.adapters.sd_lora import SDLoRA
-    from lit_lowrank.adapters.sds_lora import SDSLoraLinear
-    from lit_lowrank.adapters.variants import available_variants, get_variant, register_variant, unregister_variant
+    from lit_lowrank.adapters.sama import SaMALinear  # noqa: F401
+    from lit_lowrank.adapters.sd_lora import SDLoRA  # noqa: F401
+    from lit_lowrank.adapters.sds_lora import SDSLoraLinear  # noqa: F401
+    from lit_lowrank.adapters.variants import available_variants, get_variant, register_variant, unregister_variant  # noqa: F401
 
 _EXPORTS = {
     'AdapterDiagnostics': 'lit_lowrank.adapters.diagnostics',
@@ -66,14 +66,6 @@ _EXPORTS = {
     'unregister_variant': 'lit_lowrank.adapters.variants',
 }
 
-__all__ = [
-    "PoLARLanding", "PoLARLinear", "apply_landing_", "polar_delta_stable_rank", "polar_diagnostics", "polar_layers",
-    "stiefel_factors", "PoLARLandingWarning",
-    "AlternatingSchedule", "PoLARVBLL", "apply_polar_vbll",
-    "AdapterDiagnostics", "AdapterInjector", "SaMALinear", "SDLoRA", "SDSLoraLinear", "adapter_layers", "adapter_method",
-    "available_variants", "get_variant", "inject_adapters",
-    "load_adapters", "load_peft_model", "merge_adapters", "named_adapter_layers", "peft_config_for",
-    "read_variant_info", "register_variant", "save_adapters", "unregister_variant", "write_variant_info",
-]
+__all__ = sorted(_EXPORTS)
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -6,17 +6,17 @@ from typing import TYPE_CHECKING
 
 from lit_lowrank._lazy import lazy_exports
 
-if TYPE_CHECKING:  # static analysers and IDEs see the real names
-    from lit_lowrank.callbacks.castor import CastorDiagnostics
-    from lit_lowrank.callbacks.moe_quant import MoEQuantQAT, RoutingReplay
-    from lit_lowrank.callbacks.safecut import SafeCut
-    from lit_lowrank.callbacks.sara import SARA
-    from lit_lowrank.callbacks.sara_controller import SARAController, apply_sara
-    from lit_lowrank.callbacks.shot import SHOT
-    from lit_lowrank.callbacks.stable_rank import StableRankMonitor
-    from lit_lowrank.callbacks.stac_r import STACR, STACRLinear, apply_checkpointing, apply_stac_r, galore_param_groups
-    from lit_lowrank.callbacks.sublayer_drop import SublayerDrop
-    from lit_lowrank.core.loss_hooks import MethodCallback
+if TYPE_CHECKING:  # IDEs see the real names (F401: unused at run time; tests/test_exports.py checks them)
+    from lit_lowrank.callbacks.castor import CastorDiagnostics  # noqa: F401
+    from lit_lowrank.callbacks.moe_quant import MoEQuantQAT, RoutingReplay  # noqa: F401
+    from lit_lowrank.callbacks.safecut import SafeCut  # noqa: F401
+    from lit_lowrank.callbacks.sara import SARA  # noqa: F401
+    from lit_lowrank.callbacks.sara_controller import SARAController, apply_sara  # noqa: F401
+    from lit_lowrank.callbacks.shot import SHOT  # noqa: F401
+    from lit_lowrank.callbacks.stable_rank import StableRankMonitor  # noqa: F401
+    from lit_lowrank.callbacks.stac_r import STACR, STACRLinear, apply_checkpointing, apply_stac_r, galore_param_groups  # noqa: F401
+    from lit_lowrank.callbacks.sublayer_drop import SublayerDrop  # noqa: F401
+    from lit_lowrank.core.loss_hooks import MethodCallback  # noqa: F401
 
 _EXPORTS = {
     'CastorDiagnostics': 'lit_lowrank.callbacks.castor',
@@ -37,10 +37,6 @@ _EXPORTS = {
     'MethodCallback': 'lit_lowrank.core.loss_hooks',
 }
 
-__all__ = ["MoEQuantQAT", "RoutingReplay"]
-__all__ += ["CastorDiagnostics", "MethodCallback", "SARA", "SARAController", "SHOT", "SafeCut", "apply_sara", "STACR",
-           "STACRLinear", "apply_stac_r", "apply_checkpointing", "galore_param_groups",
-           "StableRankMonitor",
-           "SublayerDrop"]
+__all__ = sorted(_EXPORTS)
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

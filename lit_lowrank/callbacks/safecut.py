@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lit_lowrank.callbacks.shot import freeze_hypothesis
 from lit_lowrank.core.loss_hooks import MethodCallback, require_outputs
 from lit_lowrank.ops.cut_statistic import CutStatistic, cut_statistic, knn_graph
-from lit_lowrank.callbacks.shot import freeze_hypothesis
 from lit_lowrank.ops.information_maximization import centroid_pseudo_labels, information_maximization_loss
 from lit_lowrank.ops.safecut_gate import GateMode, safecut_gate
 

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 
 from lit_lowrank._lazy import lazy_exports
 
-if TYPE_CHECKING:  # static analysers and IDEs see the real names
-    from lit_lowrank.core.figures import log_figure
-    from lit_lowrank.core.logging import log_method, method_key
-    from lit_lowrank.core.loss_hooks import (
+if TYPE_CHECKING:  # IDEs see the real names (F401: unused at run time; tests/test_exports.py checks them)
+    from lit_lowrank.core.figures import log_figure  # noqa: F401
+    from lit_lowrank.core.logging import log_method, method_key  # noqa: F401
+    from lit_lowrank.core.loss_hooks import (  # noqa: F401
         OUTPUT_KEYS,
         LossHookWarning,
         MethodCallback,
@@ -21,8 +21,8 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
         method_callbacks,
         require_outputs,
     )
-    from lit_lowrank.core.method_entry import log_method_entry, method_config
-    from lit_lowrank.core.module_methods import (
+    from lit_lowrank.core.method_entry import log_method_entry, method_config  # noqa: F401
+    from lit_lowrank.core.module_methods import (  # noqa: F401
         ModuleMethod,
         apply_module_method,
         log_module_methods,
@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
         method_context,
         register_module_method,
     )
-    from lit_lowrank.core.registry import (
+    from lit_lowrank.core.registry import (  # noqa: F401
         MethodSpec,
         all_methods,
         get_method,
@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
         register_method,
         unregister_method,
     )
-    from lit_lowrank.core.surgery import (
+    from lit_lowrank.core.surgery import (  # noqa: F401
         find_modules,
         import_object,
         is_replaced,
@@ -50,7 +50,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
         save_surgery,
         surgery_records,
     )
-    from lit_lowrank.core.temporary import temporarily_set
+    from lit_lowrank.core.temporary import temporarily_set  # noqa: F401
 
 _EXPORTS = {
     "log_figure": "figures", "method_config": "method_entry", "log_method_entry": "method_entry",
@@ -69,15 +69,7 @@ _EXPORTS = {
     "register_module_method": "module_methods",
 }
 
-__all__ = [
-    "MethodCallback", "apply_loss_hooks", "method_callbacks", "require_outputs", "OUTPUT_KEYS", "log_method", "method_key",
-    "MethodSpec", "register_method", "unregister_method", "get_method", "all_methods", "implemented_methods",
-    "methods_table", "find_modules", "replace_module", "mark_replaced", "is_replaced", "record_surgery",
-    "surgery_records", "save_surgery", "rebuild_surgery", "import_object",
-    "temporarily_set", "log_figure", "method_config", "log_method_entry", "LossHookWarning",
-    "ModuleMethod", "apply_module_method", "log_module_methods", "method_aux_loss", "method_context",
-    "register_module_method",
-]
+__all__ = sorted(_EXPORTS)
 
 
 from lit_lowrank.core import quiet as _quiet  # noqa: E402  (cheap: the logging module only)

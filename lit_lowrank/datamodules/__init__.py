@@ -10,13 +10,21 @@ DigitsDataModule`` does not pay torch_geometric's import time.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # static analysers and IDEs see the real names
-    from lit_lowrank.datamodules.csbm import contextual_sbm, edge_homophily
-    from lit_lowrank.datamodules.graphs import GraphDataModule, load_drosophila
-    from lit_lowrank.datamodules.images import (
+from lit_lowrank._lazy import lazy_exports
+
+if TYPE_CHECKING:  # IDEs see the real names (F401: unused at run time; tests/test_exports.py checks them)
+    from lit_lowrank.datamodules.csbm import contextual_sbm, edge_homophily  # noqa: F401
+    from lit_lowrank.datamodules.domain_shift import (  # noqa: F401
+        DomainFolderDataModule,
+        ShiftedDigitsDataModule,
+        apply_shift,
+    )
+    from lit_lowrank.datamodules.fewshot import CoOpFewShotDataModule, FewShotDigitsDataModule  # noqa: F401
+    from lit_lowrank.datamodules.graphs import GraphDataModule, load_drosophila  # noqa: F401
+    from lit_lowrank.datamodules.homodyne import HomodyneDataModule  # noqa: F401
+    from lit_lowrank.datamodules.images import (  # noqa: F401
         CIFAR10_SUPERCLASSES,
         CIFAR100_COARSE_NAMES,
         DIGIT_SUPERCLASSES,
@@ -24,8 +32,10 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
         DigitsDataModule,
         ImageFolderDataModule,
     )
-    from lit_lowrank.datamodules.text import PackedTextDataModule, TextClassificationDataModule
-    from lit_lowrank.datamodules.tokenizers import ByteTokenizer, get_tokenizer
+    from lit_lowrank.datamodules.mnist import MNISTDataModule  # noqa: F401
+    from lit_lowrank.datamodules.replay import ReplayDataModule  # noqa: F401
+    from lit_lowrank.datamodules.text import PackedTextDataModule, TextClassificationDataModule  # noqa: F401
+    from lit_lowrank.datamodules.tokenizers import ByteTokenizer, get_tokenizer  # noqa: F401
 
 _EXPORTS = {
     "contextual_sbm": "csbm",
@@ -51,39 +61,6 @@ _EXPORTS = {
     "ByteTokenizer": "tokenizers",
     "get_tokenizer": "tokenizers",
 }
-__all__ = [
-    "ReplayDataModule",
-    "FewShotDigitsDataModule",
-    "CoOpFewShotDataModule",
-    "HomodyneDataModule",
-    "MNISTDataModule",
-    "ShiftedDigitsDataModule",
-    "DomainFolderDataModule",
-    "apply_shift",
-    "ByteTokenizer",
-    "CIFAR100_COARSE_NAMES",
-    "CIFAR10_SUPERCLASSES",
-    "CIFARDataModule",
-    "DIGIT_SUPERCLASSES",
-    "DigitsDataModule",
-    "GraphDataModule",
-    "ImageFolderDataModule",
-    "PackedTextDataModule",
-    "TextClassificationDataModule",
-    "contextual_sbm",
-    "edge_homophily",
-    "get_tokenizer",
-    "load_drosophila",
-]
+__all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, {k: f"{__name__}.{v}" for k, v in _EXPORTS.items()}, globals())

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 
 from lit_lowrank._lazy import lazy_exports
 
-if TYPE_CHECKING:  # static analysers and IDEs see the real names
-    from lit_lowrank.decoding.adaptive import BanditAdaptiveDrafter
-    from lit_lowrank.decoding.cost import VerifyCost, fit_verify_cost
-    from lit_lowrank.decoding.drafters import EagleDrafter, MedusaDrafter, SpecBlockDrafter
-    from lit_lowrank.decoding.engine import (
+if TYPE_CHECKING:  # IDEs see the real names (F401: unused at run time; tests/test_exports.py checks them)
+    from lit_lowrank.decoding.adaptive import BanditAdaptiveDrafter  # noqa: F401
+    from lit_lowrank.decoding.cost import VerifyCost, fit_verify_cost  # noqa: F401
+    from lit_lowrank.decoding.drafters import EagleDrafter, MedusaDrafter, SpecBlockDrafter  # noqa: F401
+    from lit_lowrank.decoding.engine import (  # noqa: F401
         DecodeStats,
         Drafter,
         DraftRequest,
@@ -25,11 +25,11 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
         sampling_probs,
         skip_decoder_layers,
     )
-    from lit_lowrank.decoding.generate import speculative_generate
-    from lit_lowrank.decoding.hybrid import HybridDrafter, NgramDrafter
-    from lit_lowrank.decoding.reference_drafters import OracleDrafter, RandomDrafter
-    from lit_lowrank.decoding.shipped import load_drafter, specblock_hybrid
-    from lit_lowrank.decoding.spirit import (
+    from lit_lowrank.decoding.generate import speculative_generate  # noqa: F401
+    from lit_lowrank.decoding.hybrid import HybridDrafter, NgramDrafter  # noqa: F401
+    from lit_lowrank.decoding.reference_drafters import OracleDrafter, RandomDrafter  # noqa: F401
+    from lit_lowrank.decoding.shipped import load_drafter, specblock_hybrid  # noqa: F401
+    from lit_lowrank.decoding.spirit import (  # noqa: F401
         AgreementSearchDrafter,
         LayerSkipDrafter,
         OfflineBayesDrafter,
@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
         sequence_matchness,
         skip_sublayers,
     )
-    from lit_lowrank.decoding.stable_rank import (
+    from lit_lowrank.decoding.stable_rank import (  # noqa: F401
         BestOfNResult,
         ResponseScorer,
         StableRankReward,
@@ -90,16 +90,6 @@ _EXPORTS = {
     'score_pairs': 'lit_lowrank.decoding.stable_rank',
 }
 
-__all__ = [
-    "OracleDrafter", "RandomDrafter",
-    "BanditAdaptiveDrafter", "DecodeStats", "DraftRequest", "DraftTree", "Drafter", "EagleDrafter", "MedusaDrafter",
-    "RoundFeedback", "SpecBlockDrafter", "SpeculativeDecoder", "TargetLM", "plain_decode", "skip_decoder_layers",
-]
-__all__ += ["HybridDrafter", "NgramDrafter", "VerifyCost", "fit_verify_cost", "load_drafter", "sampling_probs",
-            "specblock_hybrid", "speculative_generate"]
-__all__ += ["BestOfNResult", "ResponseScorer", "StableRankReward", "best_of_n", "evaluate_pairs", "pairwise_accuracy",
-            "score_pairs"]
-__all__ += ["AgreementSearchDrafter", "LayerSkipDrafter", "OfflineBayesDrafter", "SpiritDrafter",
-            "calibrate_length_profile", "pattern_matchness", "sequence_matchness", "skip_sublayers"]
+__all__ = sorted(_EXPORTS)
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -13,8 +13,15 @@ Names are imported on first use (Lightning-free imports stay cheap).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from typing import TYPE_CHECKING
+
+from lit_lowrank._lazy import lazy_exports
+
+if TYPE_CHECKING:  # IDEs see the real names (F401: unused at run time; tests/test_exports.py checks them)
+    from lit_lowrank.federated.client import FlowClassifier, FlowClient  # noqa: F401
+    from lit_lowrank.federated.module import FedLowShotModule  # noqa: F401
+    from lit_lowrank.federated.phrases import phrase_embeddings  # noqa: F401
+    from lit_lowrank.federated.server import FederationResult, evaluate_episodes, run_federation  # noqa: F401
 
 _EXPORTS = {
     "FedLowShotModule": "lit_lowrank.federated.module",
@@ -28,8 +35,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'lit_lowrank.federated' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING
 
 from lit_lowrank._lazy import lazy_exports
 
-if TYPE_CHECKING:  # static analysers and IDEs see the real names
-    from lit_lowrank.mixins.specdrop import (
+if TYPE_CHECKING:  # IDEs see the real names (F401: unused at run time; tests/test_exports.py checks them)
+    from lit_lowrank.mixins.specdrop import (  # noqa: F401
         SpecDropBranches,
         apply_specdrop,
         log_specdrop_diagnostics,
@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
         specdrop_blocks,
         specdrop_category,
     )
-    from lit_lowrank.mixins.specdrop_analysis import SpecDropSensitivity, ablate_branch
+    from lit_lowrank.mixins.specdrop_analysis import SpecDropSensitivity, ablate_branch  # noqa: F401
 
 _EXPORTS = {
     'SpecDropBranches': 'lit_lowrank.mixins.specdrop',
@@ -28,9 +28,6 @@ _EXPORTS = {
     'SpecDropSensitivity': 'lit_lowrank.mixins.specdrop_analysis',
 }
 
-__all__ = [
-    "SpecDropBranches", "SpecDropSensitivity", "ablate_branch", "apply_specdrop", "log_specdrop_diagnostics",
-    "specdrop_aux_loss", "specdrop_blocks", "specdrop_category",
-]
+__all__ = sorted(_EXPORTS)
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

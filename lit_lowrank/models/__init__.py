@@ -32,6 +32,7 @@ from typing import Any
 from torch import nn
 
 from lit_lowrank.models.castor import Castor
+from lit_lowrank.models.cross_dataset import CrossDatasetDigitClassifier
 from lit_lowrank.models.graph_baselines import (
     ACMGCN,
     GPRGNN,
@@ -52,8 +53,6 @@ from lit_lowrank.models.pretrained import (
     minilm_path,
     smollm2_path,
 )
-from lit_lowrank.models.cross_dataset import CrossDatasetDigitClassifier
-from lit_lowrank.models.zero_shot_clip import ZeroShotCLIP
 from lit_lowrank.models.prototype import DigitPrototypeClassifier, PrototypeClassifier, digit_view
 from lit_lowrank.models.resnet_cifar import (
     ResNetCifar,
@@ -64,35 +63,18 @@ from lit_lowrank.models.resnet_cifar import (
 )
 from lit_lowrank.models.sentence_encoder import minilm as _minilm
 from lit_lowrank.models.small import MLP, SmallCNN, TokenBagEncoder, cnn_small, mlp, token_bag
+from lit_lowrank.models.zero_shot_clip import ZeroShotCLIP
 
+# The names imported from lit_lowrank.models.* above and defined below, once, sorted; a literal so that
+# ruff and IDEs read it (tests/test_exports.py checks).
 __all__ = [
-    "PrototypeClassifier",
-    "DigitPrototypeClassifier",
-    "CrossDatasetDigitClassifier",
-    "ZeroShotCLIP",
-    "digit_view",
-    "BACKBONES",
-    "MLP",
-    "ResNetCifar",
-    "SmallCNN",
-    "TokenBagEncoder",
-    "build_backbone",
-    "cnn_small",
-    "encode_sentences",
-    "load_minilm",
-    "load_smollm2",
-    "load_smollm2_tokenizer",
-    "minilm_path",
-    "mlp",
-    "resnet20_cifar",
-    "resnet32_cifar",
-    "resnet56_cifar",
-    "resnet110_cifar",
-    "smollm2_path",
+    "ACMGCN", "APPNPNet", "BACKBONES", "BernNet", "Castor", "ChebNet", "ChebNetII", "CrossDatasetDigitClassifier",
+    "DigitPrototypeClassifier", "FAGCNNet", "GCNIINet", "GPRGNN", "GRAPH_MODELS", "MLP", "MixHopNet",
+    "PrototypeClassifier", "ResNetCifar", "SGCNet", "SmallCNN", "TokenBagEncoder", "ZeroShotCLIP", "build_backbone",
+    "cnn_small", "digit_view", "encode_sentences", "load_minilm", "load_smollm2", "load_smollm2_tokenizer",
+    "minilm_path", "mlp", "resnet110_cifar", "resnet20_cifar", "resnet32_cifar", "resnet56_cifar", "smollm2_path",
     "token_bag",
 ]
-__all__ += ["ACMGCN", "APPNPNet", "BernNet", "Castor", "ChebNet", "ChebNetII", "FAGCNNet", "GCNIINet", "GPRGNN",
-            "GRAPH_MODELS", "MixHopNet", "SGCNet"]
 
 #: Our node-classification models by lower-case name (``NodeClassificationModule(model="castor")``).
 GRAPH_MODELS: dict[str, type[nn.Module]] = {

@@ -73,9 +73,9 @@ from lit_lowrank.ops.sama import (
 from lit_lowrank.ops.sara import (
     break_even_rank,
     factored_macs,
+    fraction_rank,
     lrae_data,
     lrae_spectrum,
-    fraction_rank,
     online_rank_fraction,
     output_effective_rank,
     output_lrae,
@@ -126,50 +126,29 @@ from lit_lowrank.ops.stable_rank import stable_rank
 from lit_lowrank.ops.stac_r import compress_activation, decompress_activation, gradient_bridge, stac_r_linear
 from lit_lowrank.ops.update_bandit import UPDATE_ARMS, CostAwareUpdateBandit
 
-__all__ = ["block_causal_mask", "cu_seqlens_from_doc_ids", "position_ids_from_doc_ids"]
-__all__ += [
-    "as_edge_index", "bounded_beta", "castor_hop", "castor_mix", "local_homophily", "normalized_adjacency",
-    "router_mass_by_homophily", "router_probabilities",
+# The names imported above, once, sorted; a literal so that ruff and IDEs read it (tests/test_exports.py checks).
+__all__ = [
+    "BitsBreakdown", "CostAwareUpdateBandit", "GradientCosine", "RubiConvPlan", "SDSLoRAFunction", "SaMAShape",
+    "SavedTensorCounter", "SurfaceReport", "UPDATE_ARMS", "adapt_appraiser", "allocate_ranks", "angles_from_codebook",
+    "as_edge_index", "basin_distance", "bin_homodyne", "block_causal_mask", "bounded_beta", "break_even_rank",
+    "camel_reward", "castor_hop", "castor_mix", "classification_loss", "codebook_from_angles", "compress_activation",
+    "conv_macs", "count_macs", "cu_seqlens_for_rows", "cu_seqlens_from_doc_ids", "ddim_sample", "decompress_activation",
+    "diagonal_dominance", "effective_rank_of", "factored_macs", "fb_loss", "fidelity_pure", "finetune_codebook",
+    "fraction_rank", "gptq_quantize", "gradient_bridge", "gradient_cosine", "greedy_tree_accept", "group_advantages",
+    "grouped_sensitivity", "grpo_loss", "hadamard_rotate", "hermite_functions", "imle_reconstruct", "landing_direction",
+    "linear_macs", "load_balancing_loss", "local_homophily", "lora_budget", "lora_factor_grads", "low_rank_approx",
+    "low_rank_factors", "lrae_data", "lrae_spectrum", "mean_log_prob", "measure_saved_bytes", "mxfp4_bits",
+    "mxfp4_decode", "mxfp4_encode", "mxfp4_fake_quant", "mxfp4_quantize", "negative_entropy", "normalized_adjacency",
+    "online_rank_fraction", "orthogonality_error", "orthonormal_basis", "orthonormality_loss", "output_effective_rank",
+    "output_lrae", "pack_fields", "packed_long_conv", "packed_long_conv_reference", "packed_short_conv",
+    "plan_packed_conv", "polar_delta_weight", "polar_init_", "polar_stable_rank", "position_ids_from_doc_ids",
+    "positive_orthant_kmeans", "purity", "rank_bucket_targets", "rank_for_energy", "rank_levels", "rank_probabilities",
+    "recursive_rejection_sample", "router_mass_by_homophily", "router_probabilities", "rtn_quantize", "sama_apply",
+    "sama_delta_weight", "sama_init", "sama_matched_to_lora", "sama_min_parameters", "sama_rank_report", "sama_shape",
+    "sample_homodyne", "sampling_tree_accept", "saved_surface", "sds_factor_grads", "sds_lora_delta", "self_certainty",
+    "sensitivity_matrix", "shorten_to_safe_region", "sign_canonical_qr", "singular_values", "sliced_wasserstein_1",
+    "soft_moe_weights", "solve_rank_dp", "specdrop_merge", "specdrop_weights", "sph_dequantize", "sph_quantize",
+    "sr_effective_rank", "stable_rank", "stable_rank_of", "stac_r_linear", "successor_measure", "topk_routing",
+    "tree_attention_mask", "tree_position_ids", "truncated_svd", "uniform_dequantize", "uniform_ranks", "unpack_fields",
+    "valid_prefix_mask", "value_error_bound", "wasserstein_1d", "weighted_residual_energy", "zero_shot_z",
 ]
-__all__ += [
-    "RubiConvPlan", "cu_seqlens_for_rows", "packed_long_conv", "packed_long_conv_reference", "packed_short_conv",
-    "plan_packed_conv",
-]
-__all__ += [
-    "diagonal_dominance", "grouped_sensitivity", "load_balancing_loss", "sensitivity_matrix", "soft_moe_weights",
-    "specdrop_merge", "specdrop_weights", "topk_routing",
-]
-__all__ += [
-    "break_even_rank", "factored_macs", "lrae_data", "lrae_spectrum", "fraction_rank", "online_rank_fraction",
-    "output_effective_rank", "output_lrae", "rank_levels", "solve_rank_dp",
-]
-__all__ += ["GradientCosine", "gradient_cosine", "SurfaceReport", "saved_surface", "SavedTensorCounter",
-            "measure_saved_bytes", "compress_activation", "decompress_activation", "gradient_bridge", "stac_r_linear"]
-__all__ += ["BitsBreakdown", "gptq_quantize", "hadamard_rotate", "pack_fields", "rtn_quantize", "uniform_dequantize",
-            "unpack_fields", "angles_from_codebook", "codebook_from_angles", "finetune_codebook",
-            "positive_orthant_kmeans", "sph_dequantize", "sph_quantize"]
-__all__ += ["group_advantages", "grpo_loss", "mean_log_prob", "negative_entropy", "self_certainty", "stable_rank"]
-__all__ += ["adapt_appraiser", "basin_distance", "camel_reward", "classification_loss", "ddim_sample"]
-__all__ += ["fb_loss", "orthonormality_loss", "sr_effective_rank", "successor_measure", "value_error_bound",
-            "zero_shot_z"]
-__all__ += [
-    "CostAwareUpdateBandit", "UPDATE_ARMS", "greedy_tree_accept", "rank_bucket_targets", "rank_probabilities",
-    "recursive_rejection_sample", "sampling_tree_accept", "tree_attention_mask", "tree_position_ids",
-    "valid_prefix_mask",
-]
-__all__ += ["bin_homodyne", "fidelity_pure", "hermite_functions", "imle_reconstruct", "purity", "sample_homodyne",
-            "sliced_wasserstein_1", "wasserstein_1d"]
-__all__ += [
-    "conv_macs", "count_macs", "effective_rank_of", "linear_macs", "low_rank_approx", "low_rank_factors",
-    "rank_for_energy", "singular_values", "stable_rank_of", "truncated_svd",
-]
-__all__ += ["SaMAShape", "lora_budget", "sama_apply", "sama_delta_weight", "sama_init", "sama_matched_to_lora",
-            "sama_min_parameters", "sama_rank_report", "sama_shape"]
-__all__ += [
-    "allocate_ranks", "mxfp4_bits", "mxfp4_decode", "mxfp4_encode", "mxfp4_fake_quant", "mxfp4_quantize",
-    "uniform_ranks", "weighted_residual_energy",
-]
-__all__ += ["landing_direction", "orthogonality_error", "polar_delta_weight", "polar_init_", "polar_stable_rank",
-            "shorten_to_safe_region"]
-__all__ += ["SDSLoRAFunction", "lora_factor_grads", "orthonormal_basis", "sds_factor_grads", "sds_lora_delta",
-            "sign_canonical_qr"]

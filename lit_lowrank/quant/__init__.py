@@ -7,15 +7,15 @@ from typing import TYPE_CHECKING
 
 from lit_lowrank._lazy import lazy_exports
 
-if TYPE_CHECKING:  # static analysers and IDEs see the real names
-    from lit_lowrank.quant.linear import QuantizedLinear, buffer_bytes, model_bits, quantized_layers, set_decode_cache
-    from lit_lowrank.quant.moe import MXFP4Experts, apply_moe_quant, fp_reference
-    from lit_lowrank.quant.moe_routing import RouteController
-    from lit_lowrank.quant.mxfp4 import MXFP4Linear
-    from lit_lowrank.quant.pretrained import load_quantized
-    from lit_lowrank.quant.ptq import PostTrainingQuantizer, collect_hessians, default_forward, select_linears
-    from lit_lowrank.quant.sphquant import SPHLinear, SPHQuantizer, learn_codebook, quantize_sph, rebuild_sph_layers
-    from lit_lowrank.quant.uniform import UniformQuantizer, UniformQuantLinear, quantize_uniform, rebuild_uniform_layers
+if TYPE_CHECKING:  # IDEs see the real names (F401: unused at run time; tests/test_exports.py checks them)
+    from lit_lowrank.quant.linear import QuantizedLinear, buffer_bytes, model_bits, quantized_layers, set_decode_cache  # noqa: F401
+    from lit_lowrank.quant.moe import MXFP4Experts, apply_moe_quant, fp_reference  # noqa: F401
+    from lit_lowrank.quant.moe_routing import RouteController  # noqa: F401
+    from lit_lowrank.quant.mxfp4 import MXFP4Linear  # noqa: F401
+    from lit_lowrank.quant.pretrained import load_quantized  # noqa: F401
+    from lit_lowrank.quant.ptq import PostTrainingQuantizer, collect_hessians, default_forward, select_linears  # noqa: F401
+    from lit_lowrank.quant.sphquant import SPHLinear, SPHQuantizer, learn_codebook, quantize_sph, rebuild_sph_layers  # noqa: F401
+    from lit_lowrank.quant.uniform import UniformQuantizer, UniformQuantLinear, quantize_uniform, rebuild_uniform_layers  # noqa: F401
 
 _EXPORTS = {
     'QuantizedLinear': 'lit_lowrank.quant.linear',
@@ -44,12 +44,6 @@ _EXPORTS = {
     'rebuild_uniform_layers': 'lit_lowrank.quant.uniform',
 }
 
-__all__ = [
-    "QuantizedLinear", "buffer_bytes", "model_bits", "quantized_layers", "set_decode_cache", "load_quantized",
-    "MXFP4Experts", "MXFP4Linear", "RouteController", "apply_moe_quant", "fp_reference",
-    "PostTrainingQuantizer", "collect_hessians", "default_forward", "select_linears",
-    "SPHLinear", "SPHQuantizer", "learn_codebook", "quantize_sph", "rebuild_sph_layers",
-    "UniformQuantizer", "UniformQuantLinear", "quantize_uniform", "rebuild_uniform_layers",
-]
+__all__ = sorted(_EXPORTS)
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -14,8 +14,8 @@ from lit_lowrank.ops.quantization import (
     hadamard_rotate,
     pack_fields,
     random_signs,
-    rotate_hessian,
     relative_error,
+    rotate_hessian,
     rtn_quantize,
     uniform_bits,
     uniform_dequantize,
@@ -150,7 +150,7 @@ def test_batched_gptq_sweep_equals_one_problem_at_a_time():
 
 
 def test_coarse_to_fine_clipping_search_reaches_the_exhaustive_error():
-    from lit_lowrank.ops.quantization import _group_params, _group_error, grouped
+    from lit_lowrank.ops.quantization import _group_error, _group_params, grouped
 
     gen = torch.Generator().manual_seed(6)
     for w in (torch.randn(128, 512, generator=gen), torch.distributions.StudentT(3.0).sample((128, 512))):

@@ -9,8 +9,8 @@ import torch
 
 from lit_lowrank.ops.quantization import relative_error
 from lit_lowrank.ops.sphquant import (
-    assign_codewords,
     angles_from_codebook,
+    assign_codewords,
     codebook_from_angles,
     finetune_codebook,
     positive_orthant_kmeans,
