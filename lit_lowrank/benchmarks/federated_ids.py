@@ -39,7 +39,7 @@ from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, competitor, p
 from lit_lowrank.datamodules.flows import DEFAULT_NOVEL, FlowsDataModule
 from lit_lowrank.federated.phrases import phrase_embeddings
 from lit_lowrank.federated.server import class_statistics, evaluate_client_episodes, run_federation
-from lit_lowrank.ops.prior_bank import gated_prior, global_prior, retrieve_prior
+from lit_lowrank.ops.fed_lowshot.prior_bank import gated_prior, global_prior, retrieve_prior
 
 SPLITS: tuple[tuple[str, ...], ...] = (
     DEFAULT_NOVEL["cicids2017"],

@@ -55,7 +55,7 @@ from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, competitor, p
 from lit_lowrank.callbacks.sara_controller import CONDITIONING_LAYERS, SARAController, clean_sample_signal
 from lit_lowrank.ops.lowrank import rank_for_energy
 from lit_lowrank.ops.macs import count_macs
-from lit_lowrank.ops.sara import factored_macs, output_effective_rank
+from lit_lowrank.ops.sara.rank import factored_macs, output_effective_rank
 from lit_lowrank.tasks.diffusion import TINY_UNET, DiffusionModule
 
 DIT_CONFIG: dict[str, Any] = {"num_attention_heads": 2, "attention_head_dim": 32, "in_channels": 1, "out_channels": 1,

@@ -42,14 +42,14 @@ from torch import Tensor, nn
 
 from lit_lowrank.core.surgery import find_modules, mark_replaced, replace_module
 from lit_lowrank.ops.lowrank import rank_for_energy
-from lit_lowrank.ops.sara import (
+from lit_lowrank.ops.sara.rank import (
     factored_macs,
     fraction_rank,
     online_rank_fraction,
     rank_levels,
     solve_rank_dp,
 )
-from lit_lowrank.ops.svd_linear import SVDLinear, is_factorable_conv, is_pointwise_conv
+from lit_lowrank.ops.sara.svd_linear import SVDLinear, is_factorable_conv, is_pointwise_conv
 
 __all__ = ["CONDITIONING_LAYERS", "DEFAULT_LEVELS", "SARAController", "apply_sara", "auto_block_name",
            "clean_sample_signal"]

@@ -3,7 +3,7 @@
 A client holds its base-class flow rows. It (1) trains the global encoder + base head
 locally with a Lightning ``Trainer`` (FedAvg's local step), (2) computes its class-wise
 moments ``(n_c, Σz, Σzzᵀ)`` in the global encoder's feature space and (3) sends them only
-masked (:mod:`lit_lowrank.ops.secure_sum` in process; Flower's ``secaggplus_mod`` on the
+masked (:mod:`lit_lowrank.ops.fed_lowshot.secure_sum` in process; Flower's ``secaggplus_mod`` on the
 Flower path).
 
 .. code-block:: python
@@ -31,8 +31,8 @@ from torch.utils.data import DataLoader
 
 from lit_lowrank.datamodules._common import DictDataset
 from lit_lowrank.models.flow_encoders import build_flow_encoder
-from lit_lowrank.ops.niw import class_moments
-from lit_lowrank.ops.secure_sum import FRAC_BITS, dh_keypair, encode_fixed_point, mask_vector, shared_seed
+from lit_lowrank.ops.fed_lowshot.niw import class_moments
+from lit_lowrank.ops.fed_lowshot.secure_sum import FRAC_BITS, dh_keypair, encode_fixed_point, mask_vector, shared_seed
 
 
 class FlowClassifier(pl.LightningModule):

@@ -39,7 +39,7 @@ from lit_lowrank.federated.server import (
     secure_sum_round,
 )
 from lit_lowrank.models.flow_encoders import build_flow_encoder
-from lit_lowrank.ops.episodes import mean_ci
+from lit_lowrank.ops.fed_lowshot.episodes import mean_ci
 
 NAME = "fed_lowshot"
 

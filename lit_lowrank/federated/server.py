@@ -24,7 +24,7 @@ from torch import Tensor
 
 from lit_lowrank.federated.client import FlowClassifier, FlowClient, unflatten_moments
 from lit_lowrank.federated.phrases import phrase_embeddings
-from lit_lowrank.ops.episodes import (
+from lit_lowrank.ops.fed_lowshot.episodes import (
     finetuned_head_classify,
     gaussian_classify,
     macro_f1,
@@ -32,9 +32,9 @@ from lit_lowrank.ops.episodes import (
     sample_episode,
     sampled_logistic_classify,
 )
-from lit_lowrank.ops.niw import moments_to_gaussian, niw_map
-from lit_lowrank.ops.prior_bank import PriorBank, gated_prior, global_prior, retrieve_prior
-from lit_lowrank.ops.secure_sum import FRAC_BITS, decode_fixed_point, sum_masked
+from lit_lowrank.ops.fed_lowshot.niw import moments_to_gaussian, niw_map
+from lit_lowrank.ops.fed_lowshot.prior_bank import PriorBank, gated_prior, global_prior, retrieve_prior
+from lit_lowrank.ops.fed_lowshot.secure_sum import FRAC_BITS, decode_fixed_point, sum_masked
 
 #: Methods of :func:`evaluate_episodes`: the prior bank and its four baselines.
 METHODS: tuple[str, ...] = ("prior_bank", "prototype", "finetuned_head", "global_prior", "oracle_prior")

@@ -70,7 +70,7 @@ from lit_lowrank.ops.sama import (
     sama_rank_report,
     sama_shape,
 )
-from lit_lowrank.ops.sara import (
+from lit_lowrank.ops.sara.rank import (
     break_even_rank,
     factored_macs,
     fraction_rank,
@@ -114,7 +114,7 @@ from lit_lowrank.ops.speculative import (
     tree_position_ids,
     valid_prefix_mask,
 )
-from lit_lowrank.ops.sphquant import (
+from lit_lowrank.ops.sphquant.codec import (
     angles_from_codebook,
     codebook_from_angles,
     finetune_codebook,

@@ -101,7 +101,7 @@ def gptq_mxfp4(w: Tensor, hessian: Tensor, block_size: int = MX_BLOCK, damp: flo
                          f"{tuple(hessian.shape)}.")
     if w.shape[-1] % block_size:
         raise ValueError(f"`w` has {w.shape[-1]} input columns: expected a multiple of block_size={block_size}.")
-    from lit_lowrank.ops.sphquant_feedback import inverse_hessian_factor
+    from lit_lowrank.ops.sphquant.feedback import inverse_hessian_factor
 
     u, dead = inverse_hessian_factor(hessian, damp)
     weight = w.detach().float().clone().masked_fill_(dead[:, None, :], 0.0)

@@ -4,7 +4,7 @@
 callback acting before test / predict, or after fit) replace Linear layers by
 :class:`SPHLinear`, which stores per 8-D weight vector its sign bits, a codeword index into
 a positive-orthant unit-direction codebook shared by the model, and a radius code with an
-fp16 minimum and step per group (math in :mod:`lit_lowrank.ops.sphquant`). Its product
+fp16 minimum and step per group (math in :mod:`lit_lowrank.ops.sphquant.codec`). Its product
 decodes the packed stream tile by tile (CPU reference) or in a Triton kernel with the
 codebook in shared memory (GPU), never materialising the dense weight.
 
@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from lit_lowrank.core.surgery import mark_replaced, record_surgery, replace_module
 from lit_lowrank.ops.quantization import PACK_PADDING_BYTES, BitsBreakdown, num_groups
-from lit_lowrank.ops.sphquant import (
+from lit_lowrank.ops.sphquant.codec import (
     SPH_DIM,
     FinetuneLoss,
     SPHCodes,
@@ -44,7 +44,7 @@ from lit_lowrank.ops.sphquant import (
     sph_quantize,
     sph_unpack_rows,
 )
-from lit_lowrank.ops.sphquant_feedback import sph_feedback_sweep
+from lit_lowrank.ops.sphquant.feedback import sph_feedback_sweep
 from lit_lowrank.quant.linear import QuantizedLinear, model_bits
 from lit_lowrank.quant.pretrained import record_in_config
 from lit_lowrank.quant.ptq import ForwardFn, PostTrainingQuantizer, collect_hessians, default_forward, select_linears
@@ -59,7 +59,7 @@ class SPHLinear(QuantizedLinear):
     row-major), ``codebook`` (fp16 ``(K, 8)``, usually the same tensor in every layer of a
     model), ``radius_min`` / ``radius_step`` (fp16 ``(out, G)``, ``G = ceil(in / group_size)``).
 
-    The product runs the Triton GEMV (:mod:`lit_lowrank.ops.sphquant_triton`) for CUDA
+    The product runs the Triton GEMV (:mod:`lit_lowrank.ops.sphquant.triton_gemv`) for CUDA
     inputs of at most ``MAX_ROWS`` (8) rows when Triton is installed (``use_kernel=True``),
     else the torch reference that decodes ``tile_rows`` output rows at a time.
 
@@ -118,7 +118,7 @@ class SPHLinear(QuantizedLinear):
 
     def matmul(self, x: Tensor) -> Tensor:
         if self.use_kernel and x.is_cuda:
-            from lit_lowrank.ops.sphquant_triton import MAX_ROWS, sph_matmul_triton, triton_available
+            from lit_lowrank.ops.sphquant.triton_gemv import MAX_ROWS, sph_matmul_triton, triton_available
 
             if triton_available() and x.shape[0] <= MAX_ROWS:
                 return sph_matmul_triton(x, self.packed, self.codebook, self.radius_min, self.radius_step,

@@ -16,7 +16,7 @@ from lit_lowrank.benchmarks.sphquant import (
     window_nll,
 )
 from lit_lowrank.ops.quantization import BitsBreakdown, uniform_bits
-from lit_lowrank.ops.sphquant import sph_bits
+from lit_lowrank.ops.sphquant.codec import sph_bits
 from lit_lowrank.quant import quantize_sph, quantize_uniform
 
 # SmolLM2-135M's decoder Linear shapes (out, in), 30 layers of each

@@ -7,7 +7,7 @@ from torch import nn
 from lit_lowrank.callbacks import SARA
 from lit_lowrank.callbacks.sara_controller import SARAController, apply_sara, auto_block_name
 from lit_lowrank.datamodules import DigitsDataModule
-from lit_lowrank.ops.svd_linear import SVDLinear
+from lit_lowrank.ops.sara.svd_linear import SVDLinear
 from lit_lowrank.tasks import DiffusionModule
 from tests.callbacks.sara_plain import PlainUserDiffusion, TinyConditionalDenoiser
 
@@ -157,7 +157,7 @@ def test_unet_convs_are_factored_exact_at_full_rank_and_restored():
 
 
 def test_online_reads_the_previous_output_spectrum_and_replays_as_fractions():
-    from lit_lowrank.ops.sara import fraction_rank, online_rank_fraction
+    from lit_lowrank.ops.sara.rank import fraction_rank, online_rank_fraction
 
     module = _module()
     seen = []

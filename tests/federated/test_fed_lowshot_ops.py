@@ -8,10 +8,16 @@ import torch
 from scipy.stats import invwishart
 
 from lit_lowrank.ops.dirichlet_partition import dirichlet_partition, partition_statistics
-from lit_lowrank.ops.episodes import gaussian_classify, macro_f1, mean_ci, prototype_classify, sample_episode
-from lit_lowrank.ops.niw import class_moments, moments_to_gaussian, niw_map
-from lit_lowrank.ops.prior_bank import PriorBank, gated_prior, global_prior, retrieve_prior, similarity_gate
-from lit_lowrank.ops.secure_sum import (
+from lit_lowrank.ops.fed_lowshot.episodes import (
+    gaussian_classify,
+    macro_f1,
+    mean_ci,
+    prototype_classify,
+    sample_episode,
+)
+from lit_lowrank.ops.fed_lowshot.niw import class_moments, moments_to_gaussian, niw_map
+from lit_lowrank.ops.fed_lowshot.prior_bank import PriorBank, gated_prior, global_prior, retrieve_prior, similarity_gate
+from lit_lowrank.ops.fed_lowshot.secure_sum import (
     decode_fixed_point,
     dh_keypair,
     encode_fixed_point,

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from lit_lowrank.ops.lowrank import low_rank_approx, singular_values
-from lit_lowrank.ops.sara import (
+from lit_lowrank.ops.sara.rank import (
     break_even_rank,
     brute_force_rank_choice,
     factored_macs,

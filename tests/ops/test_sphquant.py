@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lit_lowrank.ops.quantization import relative_error
-from lit_lowrank.ops.sphquant import (
+from lit_lowrank.ops.sphquant.codec import (
     angles_from_codebook,
     assign_codewords,
     codebook_from_angles,

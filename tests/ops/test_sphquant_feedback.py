@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lit_lowrank.ops.sphquant import (
+from lit_lowrank.ops.sphquant.codec import (
     SPH_DIM,
     assign_codewords,
     hessian_error,
@@ -14,7 +14,7 @@ from lit_lowrank.ops.sphquant import (
     sph_directions,
     sph_quantize,
 )
-from lit_lowrank.ops.sphquant_feedback import inverse_hessian_factor, sph_feedback_sweep, sph_quantize_feedback
+from lit_lowrank.ops.sphquant.feedback import inverse_hessian_factor, sph_feedback_sweep, sph_quantize_feedback
 
 
 def _problem(seed: int = 0, out: int = 48, inp: int = 64, mix: float = 0.6):

@@ -3,7 +3,7 @@ import torch
 from torch import nn
 
 from lit_lowrank.ops.lowrank import low_rank_approx
-from lit_lowrank.ops.svd_linear import SVDLinear
+from lit_lowrank.ops.sara.svd_linear import SVDLinear
 
 
 def test_full_rank_is_the_original_layer_bit_for_bit():

@@ -87,7 +87,7 @@ def test_decode_cache_gives_the_same_product_and_follows_buffer_changes():
 
 
 def test_feedback_is_on_with_calibration_and_lowers_the_output_error():
-    from lit_lowrank.ops.sphquant import hessian_error
+    from lit_lowrank.ops.sphquant.codec import hessian_error
 
     torch.manual_seed(0)
     mix = torch.eye(64) + 0.7 * torch.randn(64, 64)

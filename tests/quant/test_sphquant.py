@@ -192,8 +192,8 @@ def test_callback_quantizes_before_test_and_predict(stage, tmp_path):
 
 _TRITON_SCRIPT = """
 import torch
-from lit_lowrank.ops.sphquant import positive_orthant_kmeans, sph_dequantize, sph_directions, sph_pack, sph_quantize
-from lit_lowrank.ops.sphquant_triton import sph_matmul_triton
+from lit_lowrank.ops.sphquant.codec import positive_orthant_kmeans, sph_dequantize, sph_directions, sph_pack, sph_quantize
+from lit_lowrank.ops.sphquant.triton_gemv import sph_matmul_triton
 torch.manual_seed(0)
 w = torch.randn(40, 96)
 codebook = positive_orthant_kmeans(sph_directions([w]), 16, iterations=2).half()

@@ -20,7 +20,7 @@ no Lightning); :class:`~lit_lowrank.ops.svd_linear.SVDLinear` is the layer and
 
 .. code-block:: python
 
-    from lit_lowrank.ops.sara import lrae_spectrum, solve_rank_dp
+    from lit_lowrank.ops.sara.rank import lrae_spectrum, solve_rank_dp
 
     lrae_spectrum(singular_values(weight), torch.tensor([8, 16, 32]))   # (3,)
     rho = online_rank_fraction(previous_output, tau=0.3)                # SARA-Online's step fraction
