@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lit_lowrank.callbacks.shot import freeze_hypothesis
 from lit_lowrank.core.loss_hooks import MethodCallback, require_outputs
 from lit_lowrank.ops.cut_statistic import CutStatistic, cut_statistic, knn_graph
-from lit_lowrank.callbacks.shot import freeze_hypothesis
 from lit_lowrank.ops.information_maximization import centroid_pseudo_labels, information_maximization_loss
 from lit_lowrank.ops.safecut_gate import GateMode, safecut_gate
 
@@ -99,6 +99,7 @@ class SafeCut(MethodCallback):
     """
 
     method_name = "safecut"
+    figure_every_n_epochs: int = 1  # the gate-decision figure every n epochs
 
     def __init__(
         self,
@@ -322,7 +323,7 @@ class SafeCut(MethodCallback):
         the taught labels that fixed vs broke the student, so far in the run."""
         from lit_lowrank.core.figures import figure_due, log_figure, new_figure
 
-        if not figure_due(trainer, getattr(self, "figure_every_n_epochs", 1)):
+        if not figure_due(trainer, self.figure_every_n_epochs):
             return
         c = self.counts
         fig, (left, right) = new_figure(9.0, 3.4, ncols=2)

@@ -283,8 +283,8 @@ class STACR(MethodCallback):
         measured compressed peak, and each layer's input vs code bytes."""
         from lit_lowrank.core.figures import figure_due, log_figure, new_figure
 
-        report = getattr(self, "report", None)
-        if not isinstance(report, dict) or "peak_bytes" not in report or not self.figure_every_n_epochs or \
+        report = self.report  # empty until calibration measured the exact step
+        if "peak_bytes" not in report or not self.figure_every_n_epochs or \
                 not figure_due(trainer, self.figure_every_n_epochs):
             return
         fig, (left, right) = new_figure(10.0, 3.6, ncols=2)
@@ -384,7 +384,7 @@ class STACR(MethodCallback):
 
         ref, measured = step("reference"), step("measure")
         fb = next((s for s in meter.segments if s.name == "reference:forward_backward"), None)
-        timeline = getattr(self, "_saving_timeline", None)
+        timeline = self._saving_timeline
         if meter.events and fb is not None and timeline is not None:  # CPU: the two measured timelines
             ref["predicted_peak"] = predict_total_peak_timeline(meter.events, fb.start, fb.t0, fb.t1, timeline,
                                                                 ref["optimizer_peak"])
