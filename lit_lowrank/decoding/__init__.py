@@ -29,11 +29,9 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
     from lit_lowrank.decoding.hybrid import HybridDrafter, NgramDrafter
     from lit_lowrank.decoding.reference_drafters import OracleDrafter, RandomDrafter
     from lit_lowrank.decoding.shipped import load_drafter, specblock_hybrid
-    from lit_lowrank.decoding.spirit import (
-        AgreementSearchDrafter,
+    from lit_lowrank.decoding.spirit import AgreementSearchDrafter, OfflineBayesDrafter, SpiritDrafter
+    from lit_lowrank.decoding.spirit_skip import (
         LayerSkipDrafter,
-        OfflineBayesDrafter,
-        SpiritDrafter,
         calibrate_length_profile,
         pattern_matchness,
         sequence_matchness,
@@ -74,13 +72,13 @@ _EXPORTS = {
     'plain_decode': 'lit_lowrank.decoding.engine',
     'skip_decoder_layers': 'lit_lowrank.decoding.engine',
     'AgreementSearchDrafter': 'lit_lowrank.decoding.spirit',
-    'LayerSkipDrafter': 'lit_lowrank.decoding.spirit',
+    'LayerSkipDrafter': 'lit_lowrank.decoding.spirit_skip',
     'OfflineBayesDrafter': 'lit_lowrank.decoding.spirit',
     'SpiritDrafter': 'lit_lowrank.decoding.spirit',
-    'calibrate_length_profile': 'lit_lowrank.decoding.spirit',
-    'pattern_matchness': 'lit_lowrank.decoding.spirit',
-    'sequence_matchness': 'lit_lowrank.decoding.spirit',
-    'skip_sublayers': 'lit_lowrank.decoding.spirit',
+    'calibrate_length_profile': 'lit_lowrank.decoding.spirit_skip',
+    'pattern_matchness': 'lit_lowrank.decoding.spirit_skip',
+    'sequence_matchness': 'lit_lowrank.decoding.spirit_skip',
+    'skip_sublayers': 'lit_lowrank.decoding.spirit_skip',
     'BestOfNResult': 'lit_lowrank.decoding.stable_rank',
     'ResponseScorer': 'lit_lowrank.decoding.stable_rank',
     'StableRankReward': 'lit_lowrank.decoding.stable_rank',
