@@ -41,6 +41,8 @@ class CastorDiagnostics(pl.Callback):
         trainer.fit(model, datamodule=GraphDataModule("csbm", phi=-0.5))
     """
 
+    figure_every_n_epochs: int = 1  # the router-mass figure every n validation epochs
+
     @override
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         if not _castors(pl_module):
@@ -75,7 +77,7 @@ class CastorDiagnostics(pl.Callback):
         """Dashboard: router mass per hop and primitive, and by node homophily (labelled heatmaps)."""
         from lit_lowrank.core.figures import figure_due, heatmap, log_figure, new_figure
 
-        if not figure_due(trainer, getattr(self, "figure_every_n_epochs", 1)):
+        if not figure_due(trainer, self.figure_every_n_epochs):
             return
         per_hop = routes.mean(1).numpy()  # (K, P)
         fig, (left, right) = new_figure(9.0, 1.6 + 0.35 * per_hop.shape[0], ncols=2)

@@ -45,6 +45,7 @@ import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from typing_extensions import override
 
 from lit_lowrank.core.loss_hooks import MethodCallback, require_outputs
 from lit_lowrank.quant.moe import (
@@ -138,6 +139,7 @@ class MoEQuantQAT(MethodCallback):
         self.report: dict[str, Any] = {}
         self._logged = False
 
+    @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # on resume the checkpoint's compensator shapes win (MXFP4Experts adopts them when loading)
         if not moe_experts(pl_module):
@@ -182,6 +184,7 @@ class MoEQuantQAT(MethodCallback):
         for p in pl_module.parameters():
             p.requires_grad_(id(p) in trainable)
 
+    @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         if self._logged or not self.report:
@@ -258,6 +261,7 @@ class RoutingReplay(MethodCallback):
         self._val_agree: dict[int, list[float]] = {}
 
     # ------------------------------------------------------------------ setup
+    @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.controller is None:
             self.controller = RouteController(pl_module)
@@ -265,6 +269,7 @@ class RoutingReplay(MethodCallback):
         if self.freeze_router:
             self.controller.freeze_routers()
 
+    @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.controller is not None:
             self.controller.remove()
@@ -294,6 +299,7 @@ class RoutingReplay(MethodCallback):
         return logits
 
     # ------------------------------------------------------------------ training
+    @override
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         assert self.controller is not None, "RoutingReplay.setup did not run"
@@ -306,6 +312,7 @@ class RoutingReplay(MethodCallback):
                                       for i, calls in self.controller.routes.items()}
         self.controller.set_mode("replay" if self._replayed else "observe")
 
+    @override
     def on_loss(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, outputs: dict[str, Any],
                 loss: Tensor) -> Tensor:
         require_outputs(outputs, ("logits",), "RoutingReplay")
@@ -322,6 +329,7 @@ class RoutingReplay(MethodCallback):
         self.log_method(pl_module, "kl", kl.detach())
         return self.ce_weight * loss + self.kl_weight * kl
 
+    @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         assert self.controller is not None
@@ -334,6 +342,7 @@ class RoutingReplay(MethodCallback):
             self.log_method(pl_module, f"agreement/layer{i}", value)
 
     # ------------------------------------------------------------------ validation
+    @override
     def on_validation_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                                   batch_idx: int, dataloader_idx: int = 0) -> None:
         if not self.val_agreement or self.controller is None or trainer.sanity_checking:
@@ -341,6 +350,7 @@ class RoutingReplay(MethodCallback):
         self._fp_pass(pl_module, batch)
         self.controller.set_mode("observe")
 
+    @override
     def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                                 batch_idx: int, dataloader_idx: int = 0) -> None:
         if not self.val_agreement or self.controller is None or trainer.sanity_checking:
@@ -349,6 +359,7 @@ class RoutingReplay(MethodCallback):
             self._val_agree.setdefault(i, []).append(value)
         self.controller.set_mode("off")
 
+    @override
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         for i, values in sorted(self._val_agree.items()):
             self.log_method(pl_module, f"val_agreement/layer{i}", sum(values) / len(values), on_step=False,

@@ -9,6 +9,7 @@ import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from typing_extensions import override
 
 from lit_lowrank.callbacks.shot import freeze_hypothesis
 from lit_lowrank.core.loss_hooks import MethodCallback, require_outputs
@@ -99,6 +100,7 @@ class SafeCut(MethodCallback):
     """
 
     method_name = "safecut"
+    figure_every_n_epochs: int = 1  # the gate-decision figure every n epochs
 
     def __init__(
         self,
@@ -143,6 +145,7 @@ class SafeCut(MethodCallback):
         self._pending_optimizer_state: dict[str, Any] | None = None
         self.counts = _empty_counts()
 
+    @override
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         if self.adapt_second and trainer.world_size > 1:
             raise RuntimeError(
@@ -172,6 +175,7 @@ class SafeCut(MethodCallback):
                 "adapt_second=False.")
         return chosen
 
+    @override
     def on_train_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any,
                            batch: Any, batch_idx: int) -> None:
         # the module's backward filled the second model's gradients through on_loss
@@ -194,6 +198,7 @@ class SafeCut(MethodCallback):
             logits = head(features) if callable(head) else model(x)
         return logits, features
 
+    @override
     def on_loss(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", batch: Any,
                 outputs: dict[str, Any], loss: Tensor) -> Tensor:
         require_outputs(outputs, ("logits", "features"), "SafeCut")
@@ -317,12 +322,13 @@ class SafeCut(MethodCallback):
         bad = sum(self.counts[f"miscorrection_weight_{p}"] for p in parts)
         return (good - bad) / (good + bad) if good + bad > 0 else float("nan")
 
+    @override
     def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         """Dashboard: the gate's decisions on disagreeing samples and, with labels (evaluation only),
         the taught labels that fixed vs broke the student, so far in the run."""
         from lit_lowrank.core.figures import figure_due, log_figure, new_figure
 
-        if not figure_due(trainer, getattr(self, "figure_every_n_epochs", 1)):
+        if not figure_due(trainer, self.figure_every_n_epochs):
             return
         c = self.counts
         fig, (left, right) = new_figure(9.0, 3.4, ncols=2)
@@ -348,6 +354,7 @@ class SafeCut(MethodCallback):
             right.text(0.5, 0.5, "no labels: corrections not counted", ha="center", va="center")
         log_figure(trainer, "method/safecut/gate_decisions", fig)
 
+    @override
     def on_validation_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any,
                                 batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         if isinstance(batch, dict) and "y" in batch and self.input_key in batch:
@@ -356,6 +363,7 @@ class SafeCut(MethodCallback):
             pl_module.log("method/safecut/second_acc", acc, on_epoch=True, on_step=False,
                           batch_size=batch["y"].numel(), sync_dist=True)
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {
             "counts": dict(self.counts),
@@ -363,6 +371,7 @@ class SafeCut(MethodCallback):
             "second_optimizer": None if self.second_optimizer is None else self.second_optimizer.state_dict(),
         }
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.counts = {**_empty_counts(), **state_dict["counts"]}
         self.second_model.load_state_dict(state_dict["second_model"])

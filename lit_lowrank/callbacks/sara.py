@@ -10,6 +10,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from torch import Tensor, nn
+from typing_extensions import override
 
 from lit_lowrank.callbacks.sara_controller import DEFAULT_LEVELS, SARAController
 from lit_lowrank.core.loss_hooks import MethodCallback
@@ -178,26 +179,33 @@ class SARA(MethodCallback):
             self.detach()
 
     # -- Lightning hooks -----------------------------------------------------------------------
+    @override
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         self._denoiser(pl_module)  # fail early with a clear message
         if self.eval_samples > 0 and stage == "fit":
             self._require_sample(pl_module, "validation diagnostic (eval_samples > 0)")
 
+    @override
     def on_test_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         self.attach(pl_module)
 
+    @override
     def on_test_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         self.detach()
 
+    @override
     def on_predict_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         self.attach(pl_module)
 
+    @override
     def on_predict_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         self.detach()
 
+    @override
     def teardown(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         self.detach()  # an exception inside test/predict must not leave the model factored
 
+    @override
     @torch.no_grad()
     def on_validation_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         if self.eval_samples == 0 or trainer.sanity_checking or self.controller is not None:

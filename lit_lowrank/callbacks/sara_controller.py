@@ -49,6 +49,13 @@ from lit_lowrank.ops.sara.rank import (
     rank_levels,
     solve_rank_dp,
 )
+from lit_lowrank.ops.sara.signal import (
+    TIMESTEP_KEYS,
+    clean_sample_signal,
+    denoiser_output,
+    read_timestep,
+    returned_samples,
+)
 from lit_lowrank.ops.sara.svd_linear import SVDLinear, is_factorable_conv, is_pointwise_conv
 
 __all__ = ["CONDITIONING_LAYERS", "DEFAULT_LEVELS", "SARAController", "apply_sara", "auto_block_name",
@@ -56,7 +63,6 @@ __all__ = ["CONDITIONING_LAYERS", "DEFAULT_LEVELS", "SARAController", "apply_sar
 
 #: rank fractions of ``min(m, n)`` that SARA-DP chooses among (1.0 = the original layer).
 DEFAULT_LEVELS: tuple[float, ...] = (0.125, 0.25, 0.375, 0.5, 1.0)
-_TIMESTEP_KEYS = ("timestep", "timesteps", "t")
 #: names of per-sample conditioning layers in diffusers denoisers (timestep / class embedders, adaLN
 #: modulation, DiT's conditioned output projection): a small share of the MACs that reaches every
 #: token, so ``exclude=CONDITIONING_LAYERS`` keeps them dense for every policy.
@@ -72,68 +78,6 @@ def auto_block_name(name: str) -> str:
         if part.isdigit():
             return ".".join(parts[: i + 1])
     return parts[0]
-
-
-def _tensor_of(output: Any) -> Tensor:
-    if isinstance(output, Tensor):
-        return output
-    if hasattr(output, "sample"):
-        return output.sample
-    if isinstance(getattr(output, "images", None), Tensor):  # a diffusers pipeline with output_type="pt"
-        return output.images
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
-        return output[0]
-    raise TypeError(f"SARA cannot read a tensor from the denoiser output of type {type(output).__name__}.")
-
-
-def clean_sample_signal(alphas_cumprod: Tensor, prediction_type: str = "epsilon",
-                        ) -> Callable[[Tensor, tuple[Any, ...], dict[str, Any]], Tensor]:
-    """A SARA-Online ``signal``: the clean sample x̂₀ that a denoiser output implies at its timestep.
-
-    An ε-prediction output is noise-like at every step (its effective rank barely moves), while the
-    x̂₀ it implies goes from a coarse mean to a detailed image: the quantity whose rank the abstract's
-    premise is about. ``x̂₀ = (x_t − √(1−ᾱ_t) ε̂)/√ᾱ_t`` (ε), ``√ᾱ_t x_t − √(1−ᾱ_t) v̂`` (v), the output
-    itself (``"sample"``). The timestep and ``x_t`` are read from the denoiser call (``args[0]``,
-    ``args[1]`` or ``timestep=``). Learned-variance outputs (twice the input channels) use their
-    first half.
-
-    .. code-block:: python
-
-        s = clean_sample_signal(module.noise_scheduler.alphas_cumprod, module.prediction_type)
-        with apply_sara(module.model, mode="online", threshold=0.3, signal=s): ...
-    """
-    if prediction_type not in ("epsilon", "v_prediction", "sample"):
-        raise ValueError(f"`prediction_type`={prediction_type!r}, expected 'epsilon', 'v_prediction' or 'sample'.")
-    table = alphas_cumprod.detach().double().cpu()
-
-    def signal(output: Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
-        x = args[0] if args else kwargs.get("hidden_states", kwargs.get("sample"))
-        t = SARAController._read_timestep(args, kwargs)
-        if not isinstance(x, Tensor) or t is None:
-            raise ValueError("clean_sample_signal needs the denoiser's input x_t (args[0]) and timestep.")
-        out = output[:, : x.shape[1]] if output.shape[1] == 2 * x.shape[1] else output
-        if prediction_type == "sample":
-            return out
-        a = float(table[int(round(t))])
-        if prediction_type == "epsilon":
-            return (x - math.sqrt(1 - a) * out) / math.sqrt(a)
-        return math.sqrt(a) * x - math.sqrt(1 - a) * out
-    return signal
-
-
-def _samples_of(output: Any, where: str) -> Tensor:
-    """The samples a sampling call returned, as a float64 tensor: a tensor, ``.sample``, a pipeline's
-    ``.images`` (tensor, numpy array or list of PIL images) or the first element of a tuple."""
-    images = getattr(output, "images", output)
-    if isinstance(images, (list, tuple)) and images and not isinstance(images[0], Tensor):
-        images = np.stack([np.asarray(im) for im in images])  # PIL images (a pipeline's default output)
-    if isinstance(images, np.ndarray):
-        return torch.from_numpy(images.astype(np.float64))
-    try:
-        return _tensor_of(images).double()
-    except TypeError:
-        raise ValueError(f"SARA {where} needs `run()` to return the samples (a tensor, a numpy array, PIL images or a "
-                         f"pipeline output with `.images`); got {type(output).__name__}.") from None
 
 
 class SARAController:
@@ -346,15 +290,8 @@ class SARAController:
         return self._fraction_ranks(fraction)
 
     # -- hooks -------------------------------------------------------------------------
-    @staticmethod
-    def _read_timestep(args: tuple[Any, ...], kwargs: dict[str, Any]) -> float | None:
-        t = args[1] if len(args) > 1 else next((kwargs[k] for k in _TIMESTEP_KEYS if k in kwargs), None)
-        if t is None:
-            return None
-        return float(t.flatten()[0]) if isinstance(t, Tensor) else float(t)
-
     def _current_step(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
-        t = self._read_timestep(args, kwargs)
+        t = read_timestep(args, kwargs)
         self._timestep = t
         if self.step_source is not None:
             index = self.step_source()
@@ -370,7 +307,7 @@ class SARAController:
             return 0
         if t is None:
             raise ValueError("SARA could not read the timestep of the denoiser call (positional argument 1 or "
-                             f"one of {_TIMESTEP_KEYS}); pass `step_source`.")
+                             f"one of {TIMESTEP_KEYS}); pass `step_source`.")
         if self._last_t is None or t > self._last_t:  # timesteps decrease within a run: a rise starts a new one
             self._new_run()
             step = 0
@@ -402,7 +339,7 @@ class SARAController:
     def _post_hook(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         if self._inside:
             return
-        out = _tensor_of(output).detach()
+        out = denoiser_output(output).detach()
         if self.policy == "online":
             self._outputs[self.step] = out if self.signal is None else self.signal(out, args, kwargs).detach()
             self._outputs.pop(self.step - 2, None)
@@ -419,7 +356,7 @@ class SARAController:
         try:
             for m in self.layers.values():
                 m.rank = None
-            dense = _tensor_of(self.denoiser(*args, **kwargs)).double()
+            dense = denoiser_output(self.denoiser(*args, **kwargs)).double()
         finally:
             for n, m in self.layers.items():
                 m.rank = ranks[n]
@@ -446,7 +383,7 @@ class SARAController:
                         continue  # the dense level: no error
                     for n in names:
                         self.layers[n].rank = ranks[n]
-                    out = _tensor_of(self.denoiser(*args, **kwargs))
+                    out = denoiser_output(self.denoiser(*args, **kwargs))
                     errors[b, j] = float((out.double() - reference.double()).norm() / norm)
                     for n in names:
                         self.layers[n].rank = None
@@ -534,7 +471,7 @@ class SARAController:
             again = run()
         finally:
             self.policy = policy
-        first, second = _samples_of(reference, "calibrate"), _samples_of(again, "calibrate")
+        first, second = returned_samples(reference, "calibrate"), returned_samples(again, "calibrate")
         if first.shape != second.shape or not torch.allclose(first, second, rtol=1e-4, atol=1e-5):
             diff = float((first - second).norm() / first.norm().clamp_min(1e-12)) if first.shape == second.shape \
                 else math.inf
@@ -546,14 +483,14 @@ class SARAController:
     @torch.no_grad()
     def _propagation_gains(self, run: Callable[[], Any], reference: Any, steps: int, probe: float) -> np.ndarray:
         """``g_t`` = final-sample relative error / step-t output relative error, one probe run per step."""
-        ref = _samples_of(reference, "calibrate")
+        ref = returned_samples(reference, "calibrate")
         ranks = {n: fraction_rank(probe, m.full_rank) for n, m in self.layers.items()}
         gains = np.ones(steps)
         policy = self.policy
         try:
             for t in range(steps):
                 self._probe, self._probe_error = (t, ranks), None
-                sample = _samples_of(run(), "calibrate")
+                sample = returned_samples(run(), "calibrate")
                 final = float((sample - ref).norm() / ref.norm().clamp_min(1e-12))
                 if self._probe_error:
                     gains[t] = final / self._probe_error

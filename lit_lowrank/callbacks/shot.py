@@ -8,6 +8,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch.nn.functional as F
 from torch import Tensor, nn
+from typing_extensions import override
 
 from lit_lowrank.core.loss_hooks import MethodCallback, require_outputs
 from lit_lowrank.ops.information_maximization import centroid_pseudo_labels, information_maximization_loss
@@ -55,9 +56,11 @@ class SHOT(MethodCallback):
     def __init__(self, im_weight: float = 1.0, beta: float = 0.3, freeze_head: str | None = "head") -> None:
         self.im_weight, self.beta, self.freeze_head = im_weight, beta, freeze_head
 
+    @override
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         freeze_hypothesis(pl_module, self.freeze_head, "SHOT")
 
+    @override
     def on_loss(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", batch: Any,
                 outputs: dict[str, Any], loss: Tensor) -> Tensor:
         require_outputs(outputs, ("logits", "features"), "SHOT")

@@ -9,6 +9,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_only
 from torch import Tensor
+from typing_extensions import override
 
 from lit_lowrank.core.logging import log_method
 from lit_lowrank.core.loss_hooks import MethodCallback
@@ -90,10 +91,12 @@ class StableRankMonitor(MethodCallback):
                              f"causal LM (with `generate`); got {type(model).__name__}. Set `model_attr`.")
         return model
 
+    @override
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         self._model(pl_module)  # fail before training, not at the first validation
 
     # ------------------------------------------------------------------ training batch
+    @override
     def on_loss(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", batch: Any, outputs: dict[str, Any],
                 loss: Tensor) -> Tensor:
         step = trainer.global_step
@@ -106,12 +109,14 @@ class StableRankMonitor(MethodCallback):
             log_method(pl_module, self.method_name, "train_hidden", value, batch_size=states.shape[0])
         return loss
 
+    @override
     def on_train_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         n = self.generate_every_n_steps
         if n and trainer.global_step % n == 0:
             self._log_generated(pl_module, on_step=True)
 
+    @override
     def on_validation_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         if not trainer.sanity_checking:
             self._log_generated(pl_module, on_step=False)

@@ -23,6 +23,7 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 import torch
 from torch import Tensor
+from typing_extensions import override
 
 from lit_lowrank.callbacks.stac_r_baselines import apply_checkpointing, galore_param_groups
 from lit_lowrank.callbacks.stac_r_layer import BasisMode, STACRLinear, _dtype, apply_stac_r
@@ -171,6 +172,7 @@ class STACR(MethodCallback):
         return self.stage != Stage.CALIBRATE
 
     # -- structure --------------------------------------------------------------------------------------------------
+    @override
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         self.layers = apply_stac_r(pl_module, **self.surgery)
         self._restore_bases()
@@ -186,6 +188,7 @@ class STACR(MethodCallback):
                 del self._pending_bases[name]
 
     # -- per step ---------------------------------------------------------------------------------------------------
+    @override
     def on_train_batch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", batch: Any,
                              batch_idx: int) -> None:
         self._restore_bases()
@@ -233,6 +236,7 @@ class STACR(MethodCallback):
             return
         self._meter = meter
 
+    @override
     def on_before_optimizer_step(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
                                  optimizer: torch.optim.Optimizer) -> None:
         meter = self._meter
@@ -245,6 +249,7 @@ class STACR(MethodCallback):
             region, self._region = self._region, None
             region.__exit__(None, None, None)
 
+    @override
     def on_train_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         region = self._region
@@ -278,13 +283,14 @@ class STACR(MethodCallback):
                     torch.distributed.broadcast(basis, src=0)
                     layer.stac_r_basis = basis
 
+    @override
     def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         """Dashboard: the Saved-Surface Predictor's peak (exact, predicted with STAC-R) beside the
         measured compressed peak, and each layer's input vs code bytes."""
         from lit_lowrank.core.figures import figure_due, log_figure, new_figure
 
-        report = getattr(self, "report", None)
-        if not isinstance(report, dict) or "peak_bytes" not in report or not self.figure_every_n_epochs or \
+        report = self.report  # empty until calibration measured the exact step
+        if "peak_bytes" not in report or not self.figure_every_n_epochs or \
                 not figure_due(trainer, self.figure_every_n_epochs):
             return
         fig, (left, right) = new_figure(10.0, 3.6, ncols=2)
@@ -307,9 +313,11 @@ class STACR(MethodCallback):
             right.legend(fontsize=8)
         log_figure(trainer, method_key(self.method_name, "ssp_figure"), fig)  # not "ssp": that key is a scalar
 
+    @override
     def on_exception(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", exception: BaseException) -> None:
         self._close_session()
 
+    @override
     def teardown(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         self._close_session()  # a fit that ends between the exact and the measured step
 
@@ -384,7 +392,7 @@ class STACR(MethodCallback):
 
         ref, measured = step("reference"), step("measure")
         fb = next((s for s in meter.segments if s.name == "reference:forward_backward"), None)
-        timeline = getattr(self, "_saving_timeline", None)
+        timeline = self._saving_timeline
         if meter.events and fb is not None and timeline is not None:  # CPU: the two measured timelines
             ref["predicted_peak"] = predict_total_peak_timeline(meter.events, fb.start, fb.t0, fb.t1, timeline,
                                                                 ref["optimizer_peak"])
@@ -422,6 +430,7 @@ class STACR(MethodCallback):
             self._emit(trainer, values)  # measured every bridge_every steps: logged at those steps only
 
     # -- state ------------------------------------------------------------------------------------------------------
+    @override
     def state_dict(self) -> dict[str, Any]:
         bases = {n: layer.stac_r_basis.detach().cpu().clone() for n, layer in self.layers.items()
                  if layer.stac_r_basis is not None}
@@ -432,6 +441,7 @@ class STACR(MethodCallback):
                 "total": self.total, "peak_saved_bytes": self.peak_saved_bytes,
                 "skipped": sorted(n for n, layer in self.layers.items() if layer.mode == "off")}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._pending_bases = dict(state_dict["bases"])
         stage = state_dict.get("stage", Stage.TRAIN.value if state_dict.get("calibrated") else Stage.CALIBRATE.value)

@@ -22,13 +22,14 @@ from torch import Tensor, nn
 
 from lit_lowrank.core.surgery import find_modules
 
-__all__ = ["apply_checkpointing", "galore_param_groups"]
+__all__ = ["CheckpointedModule", "apply_checkpointing", "galore_param_groups"]
 
 
 def apply_checkpointing(model: nn.Module, target: str | Sequence[str]) -> list[str]:
     """Activation-checkpointing baseline: recompute the selected modules (e.g. transformer blocks) in backward.
 
-    Each matched module's ``forward`` is wrapped in the *reentrant*
+    Each matched module is wrapped in a :class:`CheckpointedModule` (swapped into its parent, the
+    way STAC-R swaps in its Linear layers), whose forward runs the block in the *reentrant*
     :func:`torch.utils.checkpoint.checkpoint`: only the block inputs are saved (through the
     ordinary saved-tensor hooks, so :class:`~lit_lowrank.ops.saved_tensors.SavedTensorCounter`
     sees them), and the block's own saved tensors are created again during backward, inside
@@ -37,38 +38,116 @@ def apply_checkpointing(model: nn.Module, target: str | Sequence[str]) -> list[s
     would be under-counted. Keyword arguments (masks, rotary tables) are bound by
     ``functools.partial`` (they need no gradient). A call whose tensor inputs need no
     gradient, and every call outside training / without grad, runs the block plainly
-    (reentrant checkpointing would drop its parameter gradients). Parameters and
-    ``state_dict`` keys are unchanged; set ``module.stac_r_checkpoint = False`` to switch a block off.
+    (reentrant checkpointing would drop its parameter gradients). ``state_dict`` keys are
+    unchanged (the wrapper removes its own level on save and adds it back on load); set
+    ``stac_r_checkpoint = False`` on the wrapper or the block to switch a block off.
     Returns the names of the wrapped modules (idempotent).
 
     .. code-block:: python
 
         names = apply_checkpointing(lm, target=r"layers\\.\\d+$")   # every GPT-NeoX block
     """
-    names = []
+    names, todo = [], []
     for name, module in find_modules(model, target):
-        names.append(name)
-        if getattr(module, "stac_r_checkpoint", None) is not None:
+        name = _unwrapped_name(model, name)
+        if name in names:
             continue
+        names.append(name)
+        if getattr(module, "stac_r_checkpoint", None) is not None:  # a wrapper, or the block inside one
+            continue
+        parent_name, _, child = name.rpartition(".")
+        todo.append((_unwrapped(model.get_submodule(parent_name)) if parent_name else model, child, module))
+    for parent, child, module in todo:  # parents resolved first: a matched block may sit inside another
         module.stac_r_checkpoint = True
-        module.forward = functools.partial(_checkpointed_forward, module, module.forward)
+        if type(module).forward is not nn.Module.forward or "forward" in module.__dict__:
+            setattr(parent, child, CheckpointedModule(module))  # a container (ModuleList) is never called: kept
     return names
 
 
-def _checkpointed_forward(module: nn.Module, forward: Any, *args: Any, **kwargs: Any) -> Any:
-    needs_grad = any(isinstance(a, Tensor) and a.requires_grad for a in args)
-    if not (module.stac_r_checkpoint and module.training and torch.is_grad_enabled() and needs_grad):
-        return forward(*args, **kwargs)
-    from torch.utils.checkpoint import checkpoint
+class CheckpointedModule(nn.Module):
+    """A block run under reentrant activation checkpointing while it trains (see :func:`apply_checkpointing`).
 
-    # a recomputed layer must not write a KV cache a second time in backward (HF layers take it as a kwarg)
-    kwargs = {k: (None if k in _CACHE_KWARGS else v) for k, v in kwargs.items()}
-    if kwargs.get("use_cache"):
-        kwargs["use_cache"] = False
-    return checkpoint(functools.partial(forward, **kwargs), *args, use_reentrant=True)
+    The block is kept as ``.module``; attribute and index look-ups that the wrapper does not have
+    reach the block (``wrapped[0]``, ``wrapped.attention``), and its ``state_dict`` keys are the
+    block's own (the ``module.`` level is removed on save and added back on load, as
+    ``torch.distributed``'s checkpoint wrapper does). Forward hooks on the block run again when it
+    is recomputed in backward.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+        self._register_state_dict_hook(_drop_wrapper_prefix)
+        self._register_load_state_dict_pre_hook(_add_wrapper_prefix, with_module=True)
+
+    @property
+    def stac_r_checkpoint(self) -> bool:
+        """Whether the block is recomputed in backward (the flag lives on the block)."""
+        return self.module.stac_r_checkpoint
+
+    @stac_r_checkpoint.setter
+    def stac_r_checkpoint(self, value: bool) -> None:
+        self.module.stac_r_checkpoint = value
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        module = self.module
+        needs_grad = any(isinstance(a, Tensor) and a.requires_grad for a in args)
+        if not (module.stac_r_checkpoint and module.training and torch.is_grad_enabled() and needs_grad):
+            return module(*args, **kwargs)
+        from torch.utils.checkpoint import checkpoint
+
+        # a recomputed layer must not write a KV cache a second time in backward (HF layers take it as a kwarg)
+        kwargs = {k: (None if k in _CACHE_KWARGS else v) for k, v in kwargs.items()}
+        if kwargs.get("use_cache"):
+            kwargs["use_cache"] = False
+        return checkpoint(functools.partial(module, **kwargs), *args, use_reentrant=True)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "module":
+                raise
+            return getattr(self.module, name)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.module[key]
+
+    def __iter__(self) -> Any:
+        return iter(self.module)
 
 
 _CACHE_KWARGS = frozenset({"past_key_values", "past_key_value", "layer_past", "cache"})
+_WRAPPED = "module."
+
+
+def _drop_wrapper_prefix(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+    """``prefix + "module." + key`` -> ``prefix + key``, in order (the wrapper's keys are the last ones so far)."""
+    inner = prefix + _WRAPPED
+    for key in [k for k in state_dict if k.startswith(inner)]:
+        state_dict[prefix + key[len(inner):]] = state_dict.pop(key)
+
+
+def _add_wrapper_prefix(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+    """``prefix + key`` -> ``prefix + "module." + key`` before the block loads its keys."""
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        state_dict[prefix + _WRAPPED + key[len(prefix):]] = state_dict.pop(key)
+
+
+def _unwrapped(module: nn.Module) -> nn.Module:
+    return module.module if isinstance(module, CheckpointedModule) else module
+
+
+def _unwrapped_name(model: nn.Module, name: str) -> str:
+    """``name`` without the ``module`` level of the wrappers along it (the block's name before wrapping)."""
+    kept, current = [], model
+    for part in name.split("."):
+        if isinstance(current, CheckpointedModule) and part == "module":
+            current = current.module
+            continue
+        current = current._modules[part]
+        kept.append(part)
+    return ".".join(kept)
 
 
 def galore_param_groups(model: nn.Module, target: str | Sequence[str] | None = None, rank: int = 16,

@@ -62,7 +62,7 @@ class SublayerDrop(pl.Callback):
     @override
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
-        from lit_lowrank.decoding.spirit import skip_sublayers
+        from lit_lowrank.decoding.spirit_skip import skip_sublayers
 
         self._exit()
         if float(torch.rand((), generator=self.generator)) >= self.prob:

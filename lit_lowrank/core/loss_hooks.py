@@ -22,6 +22,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from torch import Tensor
+from typing_extensions import override
 
 #: Names that ``outputs`` carries across tasks, so methods read them the same way.
 OUTPUT_KEYS = ("logits", "features", "hidden_states", "category", "loss")
@@ -60,6 +61,7 @@ class MethodCallback(pl.Callback):
         if own is not None and not getattr(own, "_lit_lowrank_checks_strategy", False):
             cls.setup = _with_strategy_check(own)
 
+    @override
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         from lit_lowrank.core.method_entry import log_method_entry
         from lit_lowrank.core.strategy import check_strategy
@@ -67,6 +69,7 @@ class MethodCallback(pl.Callback):
         check_strategy(trainer, pl_module)
         log_method_entry(trainer, pl_module)  # the run's `method` entry in the loggers' hyperparameters
 
+    @override
     def on_before_backward(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", loss: Tensor) -> None:
         check_loss_hooks_called(self, trainer, pl_module)
 

@@ -29,11 +29,9 @@ if TYPE_CHECKING:  # IDEs see the real names (F401: unused at run time; tests/te
     from lit_lowrank.decoding.hybrid import HybridDrafter, NgramDrafter  # noqa: F401
     from lit_lowrank.decoding.reference_drafters import OracleDrafter, RandomDrafter  # noqa: F401
     from lit_lowrank.decoding.shipped import load_drafter, specblock_hybrid  # noqa: F401
-    from lit_lowrank.decoding.spirit import (  # noqa: F401
-        AgreementSearchDrafter,
+    from lit_lowrank.decoding.spirit import AgreementSearchDrafter, OfflineBayesDrafter, SpiritDrafter  # noqa: F401
+    from lit_lowrank.decoding.spirit_skip import (  # noqa: F401
         LayerSkipDrafter,
-        OfflineBayesDrafter,
-        SpiritDrafter,
         calibrate_length_profile,
         pattern_matchness,
         sequence_matchness,
@@ -74,13 +72,13 @@ _EXPORTS = {
     'plain_decode': 'lit_lowrank.decoding.engine',
     'skip_decoder_layers': 'lit_lowrank.decoding.engine',
     'AgreementSearchDrafter': 'lit_lowrank.decoding.spirit',
-    'LayerSkipDrafter': 'lit_lowrank.decoding.spirit',
+    'LayerSkipDrafter': 'lit_lowrank.decoding.spirit_skip',
     'OfflineBayesDrafter': 'lit_lowrank.decoding.spirit',
     'SpiritDrafter': 'lit_lowrank.decoding.spirit',
-    'calibrate_length_profile': 'lit_lowrank.decoding.spirit',
-    'pattern_matchness': 'lit_lowrank.decoding.spirit',
-    'sequence_matchness': 'lit_lowrank.decoding.spirit',
-    'skip_sublayers': 'lit_lowrank.decoding.spirit',
+    'calibrate_length_profile': 'lit_lowrank.decoding.spirit_skip',
+    'pattern_matchness': 'lit_lowrank.decoding.spirit_skip',
+    'sequence_matchness': 'lit_lowrank.decoding.spirit_skip',
+    'skip_sublayers': 'lit_lowrank.decoding.spirit_skip',
     'BestOfNResult': 'lit_lowrank.decoding.stable_rank',
     'ResponseScorer': 'lit_lowrank.decoding.stable_rank',
     'StableRankReward': 'lit_lowrank.decoding.stable_rank',

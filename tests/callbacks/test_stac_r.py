@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lit_lowrank.callbacks import STACR, STACRLinear, apply_stac_r
 from lit_lowrank.callbacks.stac_r import apply_checkpointing, galore_param_groups, total_memory_warning
+from lit_lowrank.callbacks.stac_r_baselines import CheckpointedModule
 from lit_lowrank.core import apply_loss_hooks
 from lit_lowrank.ops.saved_tensors import SavedTensorCounter, optimizer_state_bytes
 
@@ -271,7 +272,10 @@ def test_checkpointing_gives_exact_gradients_and_less_saved_memory():
     ckpt.load_state_dict(plain.state_dict())
     assert apply_checkpointing(ckpt, r"layers\.\d+$") == [f"layers.{i}" for i in range(4)]
     apply_checkpointing(ckpt, r"layers\.\d+$")  # idempotent
-    assert list(ckpt.state_dict()) == list(plain.state_dict())
+    assert all(isinstance(block, CheckpointedModule) and isinstance(block.module, nn.Sequential)
+               for block in ckpt.layers)
+    assert list(ckpt.state_dict()) == list(plain.state_dict())  # the wrapper's level is not in the keys
+    ckpt.load_state_dict(plain.state_dict())  # strict: the wrapper adds its level back on load
     x = torch.randn(256, 32, requires_grad=True)
     peaks = {}
     for name, model in (("plain", plain), ("ckpt", ckpt)):
@@ -286,6 +290,12 @@ def test_checkpointing_gives_exact_gradients_and_less_saved_memory():
     ckpt.zero_grad()
     ckpt(torch.randn(8, 32)).sum().backward()
     assert ckpt.layers[0][0].weight.grad is not None
+    # switched off, every block keeps its saved tensors again
+    for block in ckpt.layers:
+        block.stac_r_checkpoint = False
+    with SavedTensorCounter() as counter:
+        ckpt(x).square().mean().backward()
+    assert counter.peak_bytes == peaks["plain"]
 
 
 def test_galore_composition_runs_a_step():
