@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_lowrank.callbacks.stac_r import STACRLinear, apply_stac_r, galore_param_groups
-from lit_lowrank.ops.peak_memory import PeakMemory
-from lit_lowrank.ops.saved_tensors import SavedTensorCounter
+from lit_lowrank.ops.stac_r.peak_memory import PeakMemory
+from lit_lowrank.ops.stac_r.saved_tensors import SavedTensorCounter
 
 SMOL_TARGET = r"layers\.\d+\.(self_attn|mlp)\.[a-z]+_proj$"
 MINILM_TARGET = (r"encoder\.layer\.\d+\.(attention\.self\.(query|key|value)|attention\.output\.dense"
@@ -317,7 +317,7 @@ def control_cosines(captured: dict[str, tuple[Tensor, Tensor]], variant: Variant
     at STAC-R's rank and residual, not stored: the best a rank-``r`` principal basis can do on
     this batch — the premise of the cosine claim).
     """
-    from lit_lowrank.ops.stac_r import (
+    from lit_lowrank.ops.stac_r.compress import (
         compress_activation,
         decompress_activation,
         gradient_bridge,

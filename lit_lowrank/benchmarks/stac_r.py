@@ -66,10 +66,10 @@ from lit_lowrank.benchmarks._stac_r_models import (
 )
 from lit_lowrank.benchmarks._timing import interleaved_samples
 from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, competitor, paired, per_unit, premise
-from lit_lowrank.ops.peak_memory import PeakMemory
-from lit_lowrank.ops.saved_surface import SurfaceRecorder, predict_total_peak, predict_total_peak_timeline
-from lit_lowrank.ops.saved_tensors import MIB
-from lit_lowrank.ops.stac_r import compressed_nbytes
+from lit_lowrank.ops.stac_r.compress import compressed_nbytes
+from lit_lowrank.ops.stac_r.peak_memory import PeakMemory
+from lit_lowrank.ops.stac_r.saved_surface import SurfaceRecorder, predict_total_peak, predict_total_peak_timeline
+from lit_lowrank.ops.stac_r.saved_tensors import MIB
 
 GIB = float(2**30)
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

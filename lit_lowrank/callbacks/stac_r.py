@@ -29,15 +29,15 @@ from lit_lowrank.callbacks.stac_r_baselines import apply_checkpointing, galore_p
 from lit_lowrank.callbacks.stac_r_layer import BasisMode, STACRLinear, _dtype, apply_stac_r
 from lit_lowrank.core.logging import method_key
 from lit_lowrank.core.loss_hooks import MethodCallback
-from lit_lowrank.ops.peak_memory import PeakMemory
-from lit_lowrank.ops.saved_surface import (
+from lit_lowrank.ops.stac_r.compress import TrackedSavedTensorCodec, compress_activation, decompress_activation
+from lit_lowrank.ops.stac_r.peak_memory import PeakMemory
+from lit_lowrank.ops.stac_r.saved_surface import (
     SurfaceRecorder,
     SurfaceReport,
     predict_total_peak,
     predict_total_peak_timeline,
 )
-from lit_lowrank.ops.saved_tensors import MIB, SavedTensorCounter, optimizer_state_bytes, training_state_bytes
-from lit_lowrank.ops.stac_r import TrackedSavedTensorCodec, compress_activation, decompress_activation
+from lit_lowrank.ops.stac_r.saved_tensors import MIB, SavedTensorCounter, optimizer_state_bytes, training_state_bytes
 
 __all__ = ["STACR", "STACRLinear", "Stage", "apply_checkpointing", "apply_stac_r", "galore_param_groups",
            "reconstruction_error", "total_memory_warning"]

@@ -3,7 +3,7 @@
 :func:`apply_stac_r` swaps the selected ``nn.Linear`` layers (and transformers' GPT-2 style
 ``Conv1D``, whose weight is stored ``(in, out)``) for :class:`STACRLinear`: the same parameters
 (same ``state_dict`` keys, so checkpoints load into the plain model too), a forward that saves
-the activation code of its input (:mod:`lit_lowrank.ops.stac_r`) and a backward that contracts
+the activation code of its input (:mod:`lit_lowrank.ops.stac_r.compress`) and a backward that contracts
 the weight gradient from it. The callback that drives it is :class:`~lit_lowrank.callbacks.stac_r.STACR`.
 
 .. code-block:: python
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_lowrank.core.surgery import find_modules, mark_replaced, record_surgery, replace_module
-from lit_lowrank.ops.stac_r import (
+from lit_lowrank.ops.stac_r.compress import (
     compressed_nbytes,
     init_basis,
     iso_byte_rank,

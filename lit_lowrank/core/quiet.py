@@ -5,7 +5,7 @@ it cannot act on). Each filter drops one known message at its source logger, nev
   named 'kernels'`` on CPUs with AVX512-BF16: an optional kernel package for 4-bit CPU matmuls, which lit_lowrank
   never uses. Other bitsandbytes messages, and this one for any other cause, pass.
 - The profiler's own status lines (Kineto, printed from C++) are dropped where the profiler runs:
-  :mod:`lit_lowrank.ops.peak_memory`.
+  :mod:`lit_lowrank.ops.stac_r.peak_memory`.
 
 :func:`install` runs when :mod:`lit_lowrank.core` is imported (every lit_lowrank component imports it).
 """

@@ -82,8 +82,6 @@ from lit_lowrank.ops.sara.rank import (
     rank_levels,
     solve_rank_dp,
 )
-from lit_lowrank.ops.saved_surface import SurfaceReport, saved_surface
-from lit_lowrank.ops.saved_tensors import SavedTensorCounter, measure_saved_bytes
 from lit_lowrank.ops.sds_lora import (
     SDSLoRAFunction,
     lora_factor_grads,
@@ -123,7 +121,9 @@ from lit_lowrank.ops.sphquant.codec import (
     sph_quantize,
 )
 from lit_lowrank.ops.stable_rank import stable_rank
-from lit_lowrank.ops.stac_r import compress_activation, decompress_activation, gradient_bridge, stac_r_linear
+from lit_lowrank.ops.stac_r.compress import compress_activation, decompress_activation, gradient_bridge, stac_r_linear
+from lit_lowrank.ops.stac_r.saved_surface import SurfaceReport, saved_surface
+from lit_lowrank.ops.stac_r.saved_tensors import SavedTensorCounter, measure_saved_bytes
 from lit_lowrank.ops.update_bandit import UPDATE_ARMS, CostAwareUpdateBandit
 
 # The names imported above, once, sorted; a literal so that ruff and IDEs read it (tests/test_exports.py checks).

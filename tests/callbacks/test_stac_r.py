@@ -15,7 +15,7 @@ from lit_lowrank.callbacks import STACR, STACRLinear, apply_stac_r
 from lit_lowrank.callbacks.stac_r import apply_checkpointing, galore_param_groups, total_memory_warning
 from lit_lowrank.callbacks.stac_r_baselines import CheckpointedModule
 from lit_lowrank.core import apply_loss_hooks
-from lit_lowrank.ops.saved_tensors import SavedTensorCounter, optimizer_state_bytes
+from lit_lowrank.ops.stac_r.saved_tensors import SavedTensorCounter, optimizer_state_bytes
 
 
 class GeluUser(pl.LightningModule):

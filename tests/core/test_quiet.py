@@ -39,7 +39,7 @@ def test_cpu_peak_measurement_prints_no_profiler_lines(tmp_path):
     `ERROR ... gpuGetDeviceCount failed with code 35` on every run without a GPU."""
     code = (
         "import sys, torch\n"
-        "from lit_lowrank.ops.peak_memory import PeakMemory\n"
+        "from lit_lowrank.ops.stac_r.peak_memory import PeakMemory\n"
         "m = torch.nn.Linear(8, 8)\n"
         "with PeakMemory('cpu') as meter:\n"
         "    with meter.segment('step'):\n"

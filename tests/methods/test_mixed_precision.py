@@ -79,7 +79,7 @@ def test_fp16_mixed_fit(name, tmp_path):
 def test_custom_functions_match_autograd_under_autocast(dtype):
     """The two custom autograd Functions give autograd's gradients (in the inputs' dtypes) under autocast."""
     from lit_lowrank.ops.sds_lora import sds_lora_delta
-    from lit_lowrank.ops.stac_r import init_basis, stac_r_linear
+    from lit_lowrank.ops.stac_r.compress import init_basis, stac_r_linear
 
     torch.manual_seed(0)
     x = torch.randn(4, 6, 16, requires_grad=True)

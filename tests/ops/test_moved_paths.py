@@ -14,7 +14,12 @@ MOVED = {
     "lit_lowrank.ops.prior_bank": "lit_lowrank.ops.fed_lowshot.prior_bank",
     "lit_lowrank.ops.niw": "lit_lowrank.ops.fed_lowshot.niw",
     "lit_lowrank.ops.episodes": "lit_lowrank.ops.fed_lowshot.episodes",
+    "lit_lowrank.ops.stac_r_rank": "lit_lowrank.ops.stac_r.rank",
+    "lit_lowrank.ops.saved_surface": "lit_lowrank.ops.stac_r.saved_surface",
+    "lit_lowrank.ops.saved_tensors": "lit_lowrank.ops.stac_r.saved_tensors",
+    "lit_lowrank.ops.peak_memory": "lit_lowrank.ops.stac_r.peak_memory",
     # a package named as the old module re-exports it
+    "lit_lowrank.ops.stac_r": "lit_lowrank.ops.stac_r.compress",
     "lit_lowrank.ops.sara": "lit_lowrank.ops.sara.rank",
     "lit_lowrank.ops.sphquant": "lit_lowrank.ops.sphquant.codec",
 }

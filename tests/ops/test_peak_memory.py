@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lit_lowrank.ops.peak_memory import PeakMemory, allocator_levels
-from lit_lowrank.ops.saved_surface import predict_total_peak
+from lit_lowrank.ops.stac_r.peak_memory import PeakMemory, allocator_levels
+from lit_lowrank.ops.stac_r.saved_surface import predict_total_peak
 
 MB = 1 << 20
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from lit_lowrank.ops.saved_surface import saved_surface, select_linear
-from lit_lowrank.ops.saved_tensors import SavedTensorCounter, measure_saved_bytes
-from lit_lowrank.ops.stac_r import compressed_nbytes
+from lit_lowrank.ops.stac_r.compress import compressed_nbytes
+from lit_lowrank.ops.stac_r.saved_surface import saved_surface, select_linear
+from lit_lowrank.ops.stac_r.saved_tensors import SavedTensorCounter, measure_saved_bytes
 
 
 def test_counter_counts_a_known_graph_exactly():
@@ -113,7 +113,7 @@ def test_counter_agrees_with_torch_profiler():
 
 
 def test_report_prices_any_subset_and_the_saving_timeline_adds_up():
-    from lit_lowrank.ops.saved_surface import SurfaceRecorder, predict_total_peak_timeline
+    from lit_lowrank.ops.stac_r.saved_surface import SurfaceRecorder, predict_total_peak_timeline
 
     torch.manual_seed(0)
     model = _Shared()

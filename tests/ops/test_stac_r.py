@@ -9,8 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from lit_lowrank.ops.grad_cosine import gradient_cosine
-from lit_lowrank.ops.saved_tensors import SavedTensorCounter
-from lit_lowrank.ops.stac_r import (
+from lit_lowrank.ops.stac_r.compress import (
     compress_activation,
     compressed_nbytes,
     decompress_activation,
@@ -26,6 +25,7 @@ from lit_lowrank.ops.stac_r import (
     stac_r_linear,
     subspace_iteration,
 )
+from lit_lowrank.ops.stac_r.saved_tensors import SavedTensorCounter
 
 
 def _low_rank_data(n: int, d: int, r: int, noise: float, seed: int) -> torch.Tensor:
@@ -176,7 +176,7 @@ def test_gradient_cosine_per_tensor_mean_and_global():
 def test_generic_codec_codes_any_saved_tensor():
     """The saved_tensors_hooks path: mm's input and pow's input are coded (lossless here: rank-4 data,
     float32 coefficients), the small weight is stored as is, and fewer bytes are held."""
-    from lit_lowrank.ops.stac_r import TrackedSavedTensorCodec
+    from lit_lowrank.ops.stac_r.compress import TrackedSavedTensorCodec
 
     x = _low_rank_data(256, 32, 4, 0.0, 8).requires_grad_()
     w = torch.randn(32, 16, generator=torch.Generator().manual_seed(9), requires_grad=True)

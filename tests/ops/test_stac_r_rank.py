@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lit_lowrank.ops.stac_r_rank import rank_cosine_curve, select_rank
+from lit_lowrank.ops.stac_r.rank import rank_cosine_curve, select_rank
 
 
 def _spread(n: int, d: int, decay: float, seed: int = 0) -> torch.Tensor:

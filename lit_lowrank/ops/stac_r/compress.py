@@ -23,7 +23,7 @@ singular direction), so it is not computed.
 
 .. code-block:: python
 
-    from lit_lowrank.ops.stac_r import compress_activation, decompress_activation, init_basis, stac_r_linear
+    from lit_lowrank.ops.stac_r.compress import compress_activation, decompress_activation, init_basis, stac_r_linear
 
     basis = init_basis(x2d, rank=16)
     code = compress_activation(x2d, basis, density=0.01, bits=8)
@@ -42,8 +42,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lit_lowrank.ops.lowrank import truncated_svd
-from lit_lowrank.ops.saved_tensors import NO_CODEC_ATTR
-from lit_lowrank.ops.stac_r_rank import select_rank
+from lit_lowrank.ops.stac_r.rank import select_rank
+from lit_lowrank.ops.stac_r.saved_tensors import NO_CODEC_ATTR
 
 __all__ = [
     "ActivationCode", "BridgeStats", "StacRLinearFunction", "compress_activation", "compressed_nbytes",
