@@ -1,23 +1,6 @@
-"""Moved to :mod:`lit_lowrank.ops.fed_lowshot.episodes`; this path keeps working."""
+"""Moved to :mod:`lit_lowrank.ops.fed_lowshot.episodes`; this import path keeps working (it is that module)."""
 
-from __future__ import annotations
+import importlib
+import sys
 
-from lit_lowrank.ops.fed_lowshot.episodes import (  # noqa: F401
-    finetuned_head_classify,
-    gaussian_classify,
-    macro_f1,
-    mean_ci,
-    prototype_classify,
-    sample_episode,
-    sampled_logistic_classify,
-)
-
-__all__ = [
-    "sample_episode",
-    "gaussian_classify",
-    "prototype_classify",
-    "finetuned_head_classify",
-    "sampled_logistic_classify",
-    "macro_f1",
-    "mean_ci",
-]
+sys.modules[__name__] = importlib.import_module("lit_lowrank.ops.fed_lowshot.episodes")

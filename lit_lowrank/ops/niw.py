@@ -1,15 +1,6 @@
-"""Moved to :mod:`lit_lowrank.ops.fed_lowshot.niw`; this path keeps working."""
+"""Moved to :mod:`lit_lowrank.ops.fed_lowshot.niw`; this import path keeps working (it is that module)."""
 
-from __future__ import annotations
+import importlib
+import sys
 
-from lit_lowrank.ops.fed_lowshot.niw import (  # noqa: F401
-    class_moments,
-    moments_to_gaussian,
-    niw_map,
-)
-
-__all__ = [
-    "class_moments",
-    "moments_to_gaussian",
-    "niw_map",
-]
+sys.modules[__name__] = importlib.import_module("lit_lowrank.ops.fed_lowshot.niw")

@@ -1,15 +1,6 @@
-"""Moved to :mod:`lit_lowrank.ops.stac_r.peak_memory`; this path keeps working."""
+"""Moved to :mod:`lit_lowrank.ops.stac_r.peak_memory`; this import path keeps working (it is that module)."""
 
-from __future__ import annotations
+import importlib
+import sys
 
-from lit_lowrank.ops.stac_r.peak_memory import (  # noqa: F401
-    PeakMemory,
-    Segment,
-    allocator_levels,
-)
-
-__all__ = [
-    "Segment",
-    "allocator_levels",
-    "PeakMemory",
-]
+sys.modules[__name__] = importlib.import_module("lit_lowrank.ops.stac_r.peak_memory")

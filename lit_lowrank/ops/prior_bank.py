@@ -1,19 +1,6 @@
-"""Moved to :mod:`lit_lowrank.ops.fed_lowshot.prior_bank`; this path keeps working."""
+"""Moved to :mod:`lit_lowrank.ops.fed_lowshot.prior_bank`; this import path keeps working (it is that module)."""
 
-from __future__ import annotations
+import importlib
+import sys
 
-from lit_lowrank.ops.fed_lowshot.prior_bank import (  # noqa: F401
-    PriorBank,
-    gated_prior,
-    global_prior,
-    retrieve_prior,
-    similarity_gate,
-)
-
-__all__ = [
-    "PriorBank",
-    "retrieve_prior",
-    "global_prior",
-    "similarity_gate",
-    "gated_prior",
-]
+sys.modules[__name__] = importlib.import_module("lit_lowrank.ops.fed_lowshot.prior_bank")

@@ -1,17 +1,6 @@
-"""Moved to :mod:`lit_lowrank.ops.sphquant.feedback`; this path keeps working."""
+"""Moved to :mod:`lit_lowrank.ops.sphquant.feedback`; this import path keeps working (it is that module)."""
 
-from __future__ import annotations
+import importlib
+import sys
 
-from lit_lowrank.ops.sphquant.feedback import (  # noqa: F401
-    FEEDBACK_BLOCK,
-    inverse_hessian_factor,
-    sph_feedback_sweep,
-    sph_quantize_feedback,
-)
-
-__all__ = [
-    "FEEDBACK_BLOCK",
-    "inverse_hessian_factor",
-    "sph_feedback_sweep",
-    "sph_quantize_feedback",
-]
+sys.modules[__name__] = importlib.import_module("lit_lowrank.ops.sphquant.feedback")

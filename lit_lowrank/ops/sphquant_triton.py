@@ -1,15 +1,6 @@
-"""Moved to :mod:`lit_lowrank.ops.sphquant.triton_gemv`; this path keeps working."""
+"""Moved to :mod:`lit_lowrank.ops.sphquant.triton_gemv`; this import path keeps working (it is that module)."""
 
-from __future__ import annotations
+import importlib
+import sys
 
-from lit_lowrank.ops.sphquant.triton_gemv import (  # noqa: F401
-    MAX_ROWS,
-    sph_matmul_triton,
-    triton_available,
-)
-
-__all__ = [
-    "MAX_ROWS",
-    "triton_available",
-    "sph_matmul_triton",
-]
+sys.modules[__name__] = importlib.import_module("lit_lowrank.ops.sphquant.triton_gemv")

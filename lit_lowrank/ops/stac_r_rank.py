@@ -1,17 +1,6 @@
-"""Moved to :mod:`lit_lowrank.ops.stac_r.rank`; this path keeps working."""
+"""Moved to :mod:`lit_lowrank.ops.stac_r.rank`; this import path keeps working (it is that module)."""
 
-from __future__ import annotations
+import importlib
+import sys
 
-from lit_lowrank.ops.stac_r.rank import (  # noqa: F401
-    Criterion,
-    RankChoice,
-    rank_cosine_curve,
-    select_rank,
-)
-
-__all__ = [
-    "Criterion",
-    "RankChoice",
-    "rank_cosine_curve",
-    "select_rank",
-]
+sys.modules[__name__] = importlib.import_module("lit_lowrank.ops.stac_r.rank")

@@ -1,15 +1,6 @@
-"""Moved to :mod:`lit_lowrank.ops.sara.svd_linear`; this path keeps working."""
+"""Moved to :mod:`lit_lowrank.ops.sara.svd_linear`; this import path keeps working (it is that module)."""
 
-from __future__ import annotations
+import importlib
+import sys
 
-from lit_lowrank.ops.sara.svd_linear import (  # noqa: F401
-    SVDLinear,
-    is_factorable_conv,
-    is_pointwise_conv,
-)
-
-__all__ = [
-    "is_pointwise_conv",
-    "is_factorable_conv",
-    "SVDLinear",
-]
+sys.modules[__name__] = importlib.import_module("lit_lowrank.ops.sara.svd_linear")
