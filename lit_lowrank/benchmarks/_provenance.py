@@ -141,8 +141,10 @@ def stale_results(root: Path, names: Iterable[str] | None = None) -> list[tuple[
 
 
 def benchmark_owned(name: str, files: Iterable[str]) -> list[str]:
-    """Of ``files``, the benchmark's own module and the private helpers (``benchmarks/_*.py``) it used."""
+    """Of ``files``, the benchmark's own code (``benchmarks/<name>.py``, or every file of the package
+    ``benchmarks/<name>/``) and the shared private helpers (``benchmarks/_*.py``) it used."""
     base = name.split(".")[0]
     own = f"lit_lowrank/benchmarks/{base}.py"
-    return [f for f in files if f == own or (f.startswith("lit_lowrank/benchmarks/_")
-                                               and f not in _PRESENTATION)]
+    package = f"lit_lowrank/benchmarks/{base}/"
+    return [f for f in files if f == own or f.startswith(package) or (f.startswith("lit_lowrank/benchmarks/_")
+                                                                      and f not in _PRESENTATION)]

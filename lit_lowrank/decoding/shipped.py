@@ -2,7 +2,7 @@
 
 The files under ``lit_lowrank/decoding/weights/`` are safetensors (no pickle): the drafter's
 weights in float16, its constructor arguments, the hash of the training settings that made
-it (:func:`lit_lowrank.benchmarks._spec_drafters.settings_key`) and its training metrics in
+it (:func:`lit_lowrank.benchmarks.specblock.drafters.settings_key`) and its training metrics in
 the metadata. The LM head of an EAGLE/SpecBlock drafter is the target's own frozen rows of
 the draft vocabulary, so it is not stored: :func:`load_drafter` copies it from the target.
 
@@ -100,7 +100,7 @@ def load_drafter(name: str = "specblock", model: nn.Module | None = None) -> nn.
     if not path.is_file():
         raise FileNotFoundError(
             f"The shipped drafter {path} is not in this installation. Build it once with "
-            f"`python -c \"from lit_lowrank.benchmarks._spec_drafters import ship_drafter; ship_drafter('{name}')\"` "
+            f"`python -c \"from lit_lowrank.benchmarks.specblock.drafters import ship_drafter; ship_drafter('{name}')\"` "
             "(trains it on SmolLM2's own answers if it is not cached), or load your own with BlockDrafterNet.load.")
     return load_drafter_file(path, model)[0]
 

@@ -317,7 +317,7 @@ def test_callback_refuses_a_model_without_polar_layers():
 
 
 def test_stable_rank_script_runs_one_tiny_fine_tune():
-    from lit_lowrank.benchmarks._polar_rank import finetune_once
+    from lit_lowrank.benchmarks.lora_variants.polar_rank import finetune_once
 
     row = finetune_once("polar", seed=0, steps=12, pretrain_steps=10, early=6)
     assert row["method"] == "polar" and 0.0 <= row["acc_after"] <= 1.0

@@ -179,7 +179,7 @@ def test_riemannian_preconditioner_on_a_peft_lora_layer_matches_the_closed_form(
 
 def test_scaled_gd_is_condition_number_free_like_sds():
     """ScaledGD (power 1) is the known κ-independent rule: the factor sweep cannot tell it from SDS by κ alone."""
-    from lit_lowrank.benchmarks._condition_sweep import condition_run
+    from lit_lowrank.benchmarks.lora_variants.condition_sweep import condition_run
 
     steps = {k: condition_run("scaled_gd", k, 0.2, 300, seed=0, setting="target").steps for k in (1.0, 1000.0)}
     assert steps[1000.0] <= 2 * steps[1.0] < 300

@@ -269,6 +269,10 @@ def test_stale_results_lists_changed_and_unrecorded_sources(tmp_path, capsys):
     assert stale_results(tmp_path, ["toy"]) == [("toy", "code changed", ["lit_lowrank/benchmarks/_helper.py"])]
     assert benchmark_owned("toy.full", ["lit_lowrank/benchmarks/_helper.py", "lit_lowrank/ops/x.py",
                                         "lit_lowrank/benchmarks/other.py"]) == ["lit_lowrank/benchmarks/_helper.py"]
+    # a benchmark package owns every file in it, and not another benchmark's package
+    assert benchmark_owned("toy", ["lit_lowrank/benchmarks/toy/__init__.py", "lit_lowrank/benchmarks/toy/models.py",
+                                   "lit_lowrank/benchmarks/toys/models.py"]) == [
+        "lit_lowrank/benchmarks/toy/__init__.py", "lit_lowrank/benchmarks/toy/models.py"]
     assert main(["bench", "--stale", "--root", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "old: no provenance" in out and "toy: code changed (lit_lowrank/benchmarks/_helper.py)" in out

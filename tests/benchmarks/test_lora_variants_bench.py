@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lit_lowrank.benchmarks._condition_sweep import condition_run, tuned_lr
+from lit_lowrank.benchmarks.lora_variants.condition_sweep import condition_run, tuned_lr
 
 
 def test_the_condition_sweep_sees_kappa_where_it_must():
@@ -21,7 +21,7 @@ def test_a_diverging_rate_is_counted_not_crashed_and_tuning_avoids_it():
 
 
 def test_select_lr_reads_validation_loss_only():
-    from lit_lowrank.benchmarks._adapter_finetune import select_lr
+    from lit_lowrank.benchmarks.lora_variants.finetune import select_lr
 
     rows = [{"method": "m", "lr": lr, "seed": s, "val_loss": v, "test_loss": -v}
             for lr, v in ((1e-3, 0.9), (3e-3, 0.7), (1e-2, 0.8)) for s in (0, 1)]
@@ -32,7 +32,7 @@ def test_lokr_parameter_count_is_pefts_and_the_match_stays_within_loras_budget()
     from torch import nn
 
     from lit_lowrank.adapters import inject_adapters
-    from lit_lowrank.benchmarks._adapter_finetune import lokr_matched_kwargs, lokr_parameters
+    from lit_lowrank.benchmarks.lora_variants.finetune import lokr_matched_kwargs, lokr_parameters
 
     for (out_f, in_f), rank, factor in (((384, 384), 31, 4), ((1536, 384), 8, 2), ((64, 64), 40, 8)):
         layer = nn.Sequential(nn.Linear(in_f, out_f, bias=False))
@@ -49,7 +49,7 @@ def test_finetune_runner_on_the_cached_minilm_top_layer_is_paired_by_seed():
     """Two steps of the real runner: the same seed gives the same row; diagnostics are present for adapters."""
     import torch
 
-    from lit_lowrank.benchmarks._adapter_finetune import FinetuneConfig, MiniLMTop, finetune_run, tweet_splits
+    from lit_lowrank.benchmarks.lora_variants.finetune import FinetuneConfig, MiniLMTop, finetune_run, tweet_splits
 
     torch.set_num_threads(1)
     splits = tweet_splits("minilm", 8, (24, 12, 12))

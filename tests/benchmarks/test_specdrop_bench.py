@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 import torch
 
-from lit_lowrank.benchmarks import _specdrop_models as models
 from lit_lowrank.benchmarks import specdrop as bench
 from lit_lowrank.benchmarks._claims import claim, verdict_of
+from lit_lowrank.benchmarks.specdrop import models
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lit_lowrank.benchmarks import _stac_r_models as models
 from lit_lowrank.benchmarks import stac_r as bench
+from lit_lowrank.benchmarks.stac_r import models
 
 
 def _tiny_llama_task(seq, batch, n_train, n_val, seed):

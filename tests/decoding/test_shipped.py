@@ -71,13 +71,13 @@ def test_medusa_load_refuses_a_pickled_payload(tmp_path):
 
 
 def test_benchmark_drafter_cache_refuses_a_pickled_payload(tmp_path, monkeypatch):
-    from lit_lowrank.benchmarks import _spec_drafters
+    from lit_lowrank.benchmarks.specblock import drafters
 
     monkeypatch.setenv("LIT_LOWRANK_CACHE", str(tmp_path))
-    path = tmp_path / "specblock-drafters" / f"medusa-{_spec_drafters.settings_key('medusa')}.pt"
+    path = tmp_path / "specblock-drafters" / f"medusa-{drafters.settings_key('medusa')}.pt"
     path.parent.mkdir(parents=True)
     heads = MedusaHeads(32, 23, num_heads=2)
     torch.save({"config": heads.config, "state_dict": heads.state_dict(), "info": {"x": Payload()}}, path)
     with pytest.raises(UnsafeFileError, match="not unpickled"):
-        _spec_drafters.trained_drafter("medusa")
+        drafters.trained_drafter("medusa")
     assert MARK not in os.environ

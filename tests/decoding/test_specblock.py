@@ -178,7 +178,7 @@ def test_drafter_configs_equal_the_benchmark_settings():
     """configs/language_model/real/<name>_smollm2.yaml is what the specblock benchmark trains."""
     import yaml
 
-    from lit_lowrank.benchmarks._spec_drafters import DATA, DRAFTERS, OPTIM, SEED, STEPS
+    from lit_lowrank.benchmarks.specblock.drafters import DATA, DRAFTERS, OPTIM, SEED, STEPS
 
     for name, module in DRAFTERS.items():
         cfg = yaml.safe_load((REPO / "configs" / "language_model" / "real" / f"{name}_smollm2.yaml").read_text())

@@ -1,7 +1,7 @@
 """PoLAR's stable-rank claim over paired seeds: stable rank of the learned ΔW, PoLAR vs LoRA at the same rank.
 
 A section of ``lora_variants`` (:func:`polar_rank_rows`, :func:`polar_rank_claims`); run alone with
-``python -m lit_lowrank.benchmarks._polar_rank [--quick] [--seed 0]``.
+``python -m lit_lowrank.benchmarks.lora_variants.polar_rank [--quick] [--seed 0]``.
 
 Setting (embedded data, CPU, seconds): an MLP ``64-128-128-10`` is pre-trained in full on the sklearn 8x8 digits
 (train split, one network per seed); the fine-tuning task is the same digits *transposed* (a domain shift that
@@ -16,7 +16,7 @@ stable rank than rank-8 LoRA" must fail on it.
 
 .. code-block:: python
 
-    from lit_lowrank.benchmarks._polar_rank import polar_rank_claims, polar_rank_rows
+    from lit_lowrank.benchmarks.lora_variants.polar_rank import polar_rank_claims, polar_rank_rows
 
     rows, notes = polar_rank_rows(seeds=[0, 1, 2], steps=600)
     claims, controls = polar_rank_claims(rows)

@@ -31,7 +31,7 @@ prompt; every claim is a per-prompt paired ratio (geometric mean, t interval ove
 loaded machine slows both sides of a pair. Rows also carry τ (tokens per target forward), drafter
 forwards and drafting milliseconds per round, and whether the output equals ``generate``'s.
 The drafters load from the package (:mod:`lit_lowrank.decoding.shipped`) when their training settings
-are today's; otherwise they are trained once and cached (:mod:`._spec_drafters`).
+are today's; otherwise they are trained once and cached (:mod:`.drafters`).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ ISSUE_TARGET = ("(issue #38) speculative decoding a user would switch on: >= 1.5
 
 def _drafter_factories(full: bool) -> tuple[dict[str, Callable[..., Any]], dict[str, dict[str, Any]]]:
     """Builders of the trained drafters' decoders (by configuration), and their training info."""
-    from lit_lowrank.benchmarks._spec_drafters import trained_drafter
+    from lit_lowrank.benchmarks.specblock.drafters import trained_drafter
     from lit_lowrank.decoding import EagleDrafter, MedusaDrafter, SpecBlockDrafter
 
     names = ("specblock", "eagle", "medusa") if full else ("specblock", "eagle")

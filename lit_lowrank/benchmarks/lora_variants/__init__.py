@@ -3,18 +3,18 @@
 Four sections, every adapter injected with :func:`~lit_lowrank.adapters.inject_adapters`, every method given the
 same learning-rate grid selected on held-out data, claims computed over paired seeds with 95% CIs:
 
-1. ``condition`` (SDS-LoRA's convergence claim; :mod:`~lit_lowrank.benchmarks._condition_sweep`): factorised
+1. ``condition`` (SDS-LoRA's convergence claim; :mod:`~lit_lowrank.benchmarks.lora_variants.condition_sweep`): factorised
    gradient descent on ``½‖B A − M‖²`` with LoRA's, SDS-LoRA's (QR and polar bases) and ScaledGD's factor
    gradients, each at its lr tuned per ``κ`` ∈ {1, 10, 100, 1000} on tuning seeds; ``κ`` conditions either the
    initial factors (``setting="init"``) or the target, hence every solution's factors (``"target"``).
 2. ``fit`` (capacity at matched parameters): one 64×64 layer fitted to a full-rank Gaussian ``ΔW*`` and a decaying
    one (``σᵢ = 1/i``) at the budget of a rank-4 LoRA (512 parameters): LoRA, SDS-LoRA, SaMA, PoLAR, MoRA (484) and
-   LoKr matched by :func:`~lit_lowrank.benchmarks._adapter_finetune.lokr_matched_kwargs`; Adam, lr from a grid
+   LoKr matched by :func:`~lit_lowrank.benchmarks.lora_variants.finetune.lokr_matched_kwargs`; Adam, lr from a grid
    tuned on a tuning target. Relative error ``‖ΔW − ΔW*‖_F / ‖ΔW*‖_F`` per seed (a new target per seed).
-3. ``polar_rank`` (PoLAR's stable-rank claim; :mod:`~lit_lowrank.benchmarks._polar_rank`): a digits MLP
+3. ``polar_rank`` (PoLAR's stable-rank claim; :mod:`~lit_lowrank.benchmarks.lora_variants.polar_rank`): a digits MLP
    fine-tuned to transposed digits, rank-8 adapters, every method's lr tuned on a validation split, stable rank of
    the learned ``ΔW`` after 300 steps and at the end, paired seeds.
-4. ``finetune`` (real model, real data; :mod:`~lit_lowrank.benchmarks._adapter_finetune`): the pretrained
+4. ``finetune`` (real model, real data; :mod:`~lit_lowrank.benchmarks.lora_variants.finetune`): the pretrained
    all-MiniLM-L6-v2 on the embedded tweets (3 classes). Quick: all 6 layers run, the bottom 5 frozen and cached,
    adapters on every Linear of layer 6 (q, k, v, attention out, FFN in/out), 16-token tweets, 20 steps of 16,
    LoRA / ScaledGD / SDS-LoRA / SaMA / PoLAR on a 2-point lr grid;
@@ -47,7 +47,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from lit_lowrank.benchmarks._adapter_finetune import (
+from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, paired, torch_threads
+from lit_lowrank.benchmarks.lora_variants.condition_sweep import condition_rows
+from lit_lowrank.benchmarks.lora_variants.finetune import (
     SMOLLM2_LINEARS,
     FinetuneConfig,
     MiniLMTop,
@@ -57,8 +59,6 @@ from lit_lowrank.benchmarks._adapter_finetune import (
     select_lr,
     tweet_splits,
 )
-from lit_lowrank.benchmarks._condition_sweep import condition_rows
-from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, paired, torch_threads
 
 SDS_PAPER = ("SDS-LoRA (arXiv 2606.16454): \"while LoRA's convergence rate degrades with the condition number of the "
              "low-rank matrices, SDS-LoRA remains independent of it\"")
@@ -330,7 +330,7 @@ def _summary(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def run(quick: bool, seed: int) -> BenchmarkResult:
-    from lit_lowrank.benchmarks._polar_rank import polar_rank_claims, polar_rank_rows
+    from lit_lowrank.benchmarks.lora_variants.polar_rank import polar_rank_claims, polar_rank_rows
 
     seeds = [seed + i for i in range(3 if quick else 5)]
     notes: dict[str, Any] = {"seeds": seeds}

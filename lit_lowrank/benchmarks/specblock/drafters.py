@@ -133,7 +133,7 @@ def ship_drafter(name: str) -> Path:
 
     .. code-block:: python
 
-        python -c "from lit_lowrank.benchmarks._spec_drafters import ship_drafter; ship_drafter('specblock')"
+        python -c "from lit_lowrank.benchmarks.specblock.drafters import ship_drafter; ship_drafter('specblock')"
     """
     from lit_lowrank.decoding.shipped import save_drafter, shipped_path
     from lit_lowrank.models.pretrained import load_smollm2

@@ -81,7 +81,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lit_lowrank.benchmarks._specdrop_models import (
+from lit_lowrank.benchmarks._workers import map_jobs, workers
+from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, competitor, per_unit, premise
+from lit_lowrank.benchmarks.specdrop.models import (
     D_BRANCH,
     D_MODEL,
     LORA_RANK,
@@ -93,8 +95,6 @@ from lit_lowrank.benchmarks._specdrop_models import (
     make_digits,
     make_hierarchical,
 )
-from lit_lowrank.benchmarks._workers import map_jobs, workers
-from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, competitor, per_unit, premise
 from lit_lowrank.mixins.specdrop import (
     specdrop_aux_loss,
 )

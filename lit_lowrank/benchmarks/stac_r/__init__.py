@@ -1,6 +1,6 @@
 """STAC-R benchmark: the total training peak at the paper's fidelity condition, measured, with its frontier.
 
-**Models** (:mod:`lit_lowrank.benchmarks._stac_r_models`): pretrained all-MiniLM-L6-v2 fine-tuned on
+**Models** (:mod:`lit_lowrank.benchmarks.stac_r.models`): pretrained all-MiniLM-L6-v2 fine-tuned on
 the embedded sentiment tweets (quick 16 × 64 tokens, full 32 × 64; the BERT/SST-2 analogue), every
 Linear of its 6 blocks compressed; full mode adds pretrained SmolLM2-135M (Llama, SwiGLU) as a causal
 LM on packed Lee-corpus windows (4 × 256), every ``*_proj`` of its 30 blocks compressed. AdamW (lr
@@ -51,7 +51,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from lit_lowrank.benchmarks._stac_r_models import (
+from lit_lowrank.benchmarks._timing import interleaved_samples
+from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, competitor, paired, per_unit, premise
+from lit_lowrank.benchmarks.stac_r.models import (
     Spec,
     Task,
     Variant,
@@ -64,8 +66,6 @@ from lit_lowrank.benchmarks._stac_r_models import (
     smollm2_task,
     to_device,
 )
-from lit_lowrank.benchmarks._timing import interleaved_samples
-from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, competitor, paired, per_unit, premise
 from lit_lowrank.ops.stac_r.compress import compressed_nbytes
 from lit_lowrank.ops.stac_r.peak_memory import PeakMemory
 from lit_lowrank.ops.stac_r.saved_surface import SurfaceRecorder, predict_total_peak, predict_total_peak_timeline
@@ -150,7 +150,7 @@ def _measure(task: Task, spec: Spec, cfg: dict[str, Any], device: str, record: b
 
 def _diagnose(variant: Variant, task: Task, first: int, steps: int) -> list[dict[str, Any]]:
     """``steps`` compressed training steps on distinct batches, each diagnosed: STAC-R's cosine and, on the same
-    exact ``(X, G)``, the controls' (:func:`~lit_lowrank.benchmarks._stac_r_models.control_cosines`)."""
+    exact ``(X, G)``, the controls' (:func:`~lit_lowrank.benchmarks.stac_r.models.control_cosines`)."""
     rows = []
     for k in range(first, first + steps):
         out = variant.step(task.train[k], diagnose=True)

@@ -1,6 +1,6 @@
 """MoE quantization: MXFP4 QAT with limited routing replay and load-aware low-rank compensation, W4A8 as served.
 
-**Target** (:mod:`~lit_lowrank.benchmarks._moe_target`): a tiny Qwen3-MoE with **12 MoE layers** (16 experts,
+**Target** (:mod:`~lit_lowrank.benchmarks.moe_quant.target`): a tiny Qwen3-MoE with **12 MoE layers** (16 experts,
 top-2, hidden 64, expert width 64, byte vocabulary) trained in full precision on the Lee news corpus + the text8
 excerpt, cached on disk. Deep enough that upstream quantization error flips routes downstream (the 4-layer target
 of the first runs flipped 1.9% of top-2 slots under RTN: nothing for replay to repair). Every expert
@@ -46,8 +46,8 @@ from typing import Any
 
 import torch
 
-from lit_lowrank.benchmarks._moe_target import FP_RECIPE, MODEL_CONFIG, target_data, target_model
 from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, competitor, paired, premise
+from lit_lowrank.benchmarks.moe_quant.target import FP_RECIPE, MODEL_CONFIG, target_data, target_model
 
 AVG_RANK = 2
 LR_QAT = 3e-3
