@@ -81,3 +81,29 @@ def test_benchmark_drafter_cache_refuses_a_pickled_payload(tmp_path, monkeypatch
     with pytest.raises(UnsafeFileError, match="not unpickled"):
         drafters.trained_drafter("medusa")
     assert MARK not in os.environ
+
+
+@pytest.mark.slow
+def test_shipped_drafters_are_current_and_decode_smollm2_losslessly():
+    """The committed drafters match today's training settings (the benchmark and users load them instead of
+    training) and, on SmolLM2, speculative decoding with them returns greedy `generate`'s tokens."""
+    from lit_lowrank.benchmarks.specblock.drafters import settings_key
+    from lit_lowrank.decoding import EagleDrafter, SpecBlockDrafter, speculative_generate
+    from lit_lowrank.decoding.distill_data import chat_prompt_ids, instruction_prompts
+    from lit_lowrank.decoding.shipped import load_drafter
+    from lit_lowrank.models.pretrained import load_smollm2
+
+    for name in SHIPPED:
+        assert shipped_path(name).is_file(), f"{shipped_path(name)} is not committed"
+        assert read_metadata(shipped_path(name))["key"] == settings_key(name), f"{name}: re-run ship_drafter"
+    model, tokenizer = load_smollm2()
+    prompt = torch.tensor(chat_prompt_ids(tokenizer, instruction_prompts("lee", "test", 1))[0]).unsqueeze(0)
+    greedy = model.generate(prompt, max_new_tokens=16, do_sample=False)
+    drafters = {"specblock": lambda net: SpecBlockDrafter(net, blocks=1, expand=4),
+                "eagle": lambda net: EagleDrafter(net, depth=4, topk=4)}
+    for name, make in drafters.items():
+        drafter = make(load_drafter(name, model))
+        out, stats = speculative_generate(model, prompt, max_new_tokens=16, drafter=drafter, do_sample=False,
+                                          return_stats=True)
+        assert torch.equal(out, greedy), name
+        assert stats.mean_acceptance_length > 1.0, (name, stats)  # some drafts were accepted
