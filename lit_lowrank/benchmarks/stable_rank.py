@@ -25,6 +25,11 @@ Sections:
   (SmolLM2's backward pass costs minutes per step on 2 CPU cores); full: SmolLM2 with LoRA (r = 8 on the
   attention and MLP projections).
 
+**Premises**: ``bon_oracle`` (an oracle pick among the 8 samples above greedy: room for any selector) for the
+Best-of-8 claim; ``grpo_reward_informative`` (the stable-rank reward ranks right samples of the initial
+policy's groups above wrong ones, per-problem AUC > 0.5) for the SR-GRPO claim. A claim whose premise does
+not hold is ``no_headroom``.
+
 Generations are cached under ``$LIT_LOWRANK_CACHE/stable_rank`` (default ``~/.cache/lit_lowrank``), keyed by
 the model, the prompts and the sampling settings, so reruns score cached samples.
 """
@@ -46,7 +51,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lit_lowrank.benchmarks.harness import BenchmarkResult, statistic_claim, torch_threads
+from lit_lowrank.benchmarks.harness import BenchmarkResult, premise, statistic_claim, torch_threads
 from lit_lowrank.datamodules.preference import PreferencePair, degradation_pairs
 from lit_lowrank.datamodules.prompts import PromptDataModule, arithmetic_problems, arithmetic_reward
 from lit_lowrank.decoding.stable_rank import (
@@ -126,13 +131,15 @@ def cached_samples(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]], 
 
 
 def rate_claim(text: str, paper: str, quantity: str, hits: Sequence[float], target: float, unit: str,
-               baseline: Sequence[float] | None = None, note: str | None = None) -> dict[str, Any]:
-    """Mean of per-unit 0/1 outcomes (minus a baseline's on the same units) ``> target``, bootstrap CI."""
+               baseline: Sequence[float] | None = None, note: str | None = None, **kwargs: Any) -> dict[str, Any]:
+    """Mean of per-unit 0/1 outcomes (minus a baseline's on the same units) ``> target``, bootstrap CI.
+
+    ``kwargs``: ``name`` / ``requires`` of :func:`statistic_claim`."""
     a = np.asarray(hits, dtype=float)
     b = np.zeros_like(a) if baseline is None else np.asarray(baseline, dtype=float)
     return statistic_claim(text, paper=paper, quantity=quantity, n_units=a.size,
                            statistic=lambda idx: float(a[idx].mean() - b[idx].mean()), target=target, op=">",
-                           unit=unit, note=note)
+                           unit=unit, note=note, **kwargs)
 
 
 def wins(chosen: torch.Tensor, rejected: torch.Tensor) -> list[float]:
@@ -354,21 +361,27 @@ def _lora_policy(model: torch.nn.Module, rank: int) -> torch.nn.Module:
     return get_peft_model(copy.deepcopy(model), config)
 
 
-def grouped_auc(values: torch.Tensor, correct: torch.Tensor) -> float:
-    """Mean over groups (rows) with right and wrong members of P(value(right) > value(wrong)), ties half.
-
-    ``values``, ``correct``: ``(groups, n)``; NaN when no group has both.
-    """
+def group_aucs(values: torch.Tensor, correct: torch.Tensor) -> list[float]:
+    """Per group (row) with right and wrong members, P(value(right) > value(wrong)), ties half."""
     per_group = []
     for v, ok in zip(values, correct.bool()):
         if ok.any() and (~ok).any():
             diff = v[ok][:, None] - v[~ok][None, :]
             per_group.append(float((diff > 0).float().mean() + 0.5 * (diff == 0).float().mean()))
+    return per_group
+
+
+def grouped_auc(values: torch.Tensor, correct: torch.Tensor) -> float:
+    """Mean of :func:`group_aucs` over groups with right and wrong members.
+
+    ``values``, ``correct``: ``(groups, n)``; NaN when no group has both.
+    """
+    per_group = group_aucs(values, correct)
     return float(np.mean(per_group)) if per_group else float("nan")
 
 
 def reward_auc(policy: torch.nn.Module, tok, problems: list[dict], settings: dict, seed: int, *,
-               chat: bool) -> dict[str, float]:
+               chat: bool) -> dict[str, Any]:
     """How well each GRPO reward tells right from wrong answers of the policy it will train.
 
     ``group_size`` samples per problem from the initial policy (as GRPO samples them), scored by each reward
@@ -390,13 +403,15 @@ def reward_auc(policy: torch.nn.Module, tok, problems: list[dict], settings: dic
                            eos, pad if pad is not None else min(eos), generator_seed=seed)
     texts = [decode_completion(tok, c, eos) for c in ids]
     correct = torch.tensor(arithmetic_reward(prompts, texts, answer=[p["answer"] for p in problems for _ in range(g)]))
-    out = {name: grouped_auc(torch.tensor(fn(prompts, texts)).view(-1, g), correct.view(-1, g))
-           for name, fn in rewards.items()}
+    scores = {name: torch.tensor(fn(prompts, texts)).view(-1, g) for name, fn in rewards.items()}
+    out: dict[str, Any] = {name: grouped_auc(v, correct.view(-1, g)) for name, v in scores.items()}
+    # per problem: the premise's units (the SR-GRPO claim needs a reward that tells right from wrong)
+    out["stable_rank_per_problem"] = [round(x, 4) for x in group_aucs(scores["stable_rank"], correct.view(-1, g))]
     out["problems_with_both"] = float(sum(bool(ok.any() and (~ok).any()) for ok in correct.view(-1, g).bool()))
     return out
 
 
-def _sr_grpo(model, tok, quick: bool, sizes: dict, seed: int) -> tuple[list[dict], dict[str, float]]:
+def _sr_grpo(model, tok, quick: bool, sizes: dict, seed: int) -> tuple[list[dict], dict[str, Any]]:
     held_out = arithmetic_problems(sizes["held_out"], seed=seed + 200)
     seeds = range(seed, seed + sizes["grpo_seeds"])
     if quick:
@@ -416,8 +431,10 @@ def _sr_grpo(model, tok, quick: bool, sizes: dict, seed: int) -> tuple[list[dict
 # ----------------------------------------------------------------------------- claims
 
 
-def _claims(rows: list[dict], seeds: Sequence[int], gaming: bool = True) -> tuple[list[dict], list[dict]]:
-    """Claims and controls from the rows; ``gaming=False`` leaves out the degenerate-response claim and its control.
+def _claims(rows: list[dict], seeds: Sequence[int], gaming: bool = True, informative: bool = True
+            ) -> tuple[list[dict], list[dict]]:
+    """Claims and controls from the rows; ``gaming=False`` leaves out the degenerate-response claim and its control;
+    ``informative=False`` (no reward-AUC premise measured) leaves the SR-GRPO claim without its premise.
 
     Both modes claim it: the control (GRPO on response length must show gaming) decides whether the dose can see
     gaming at all — if it ever holds, the run is marked invalid instead of reporting "does not game". (An earlier
@@ -441,7 +458,8 @@ def _claims(rows: list[dict], seeds: Sequence[int], gaming: bool = True) -> tupl
                    col(pw, "stable_rank"), 0.0, "pair", baseline=col(pw, "mean_log_prob")),
         rate_claim("Best-of-8: stable-rank selection more accurate than greedy decoding",
                    PAPER_BON, "exact-match accuracy(stable-rank BoN) - accuracy(greedy), fraction of problems",
-                   col(bon, "stable_rank"), 0.0, "problem", baseline=col(bon, "greedy")),
+                   col(bon, "stable_rank"), 0.0, "problem", baseline=col(bon, "greedy"), name="bon_greedy",
+                   requires="bon_oracle"),
     ]
     controls = [
         rate_claim("control: a random scorer ranks the better response higher on > 50% of pairs",
@@ -473,7 +491,8 @@ def _claims(rows: list[dict], seeds: Sequence[int], gaming: bool = True) -> tupl
         claims += [
             rate_claim("SR-GRPO (length-normalised stable rank, no answers used) raises greedy task accuracy",
                        PAPER_GRPO, gain_q, per_problem("stable_rank", "correct_after"), 0.0, "problem",
-                       baseline=per_problem("stable_rank", "correct_before")),
+                       baseline=per_problem("stable_rank", "correct_before"), name="sr_grpo_gain",
+                       requires="grpo_reward_informative" if informative else None),
         ]
         controls += [
             rate_claim("control: GRPO on response length raises greedy task accuracy",
@@ -495,6 +514,32 @@ def _not_more_degenerate(text: str, after: list[float], before: list[float], qua
     return statistic_claim(text, paper=PAPER_HACKING, quantity=quantity, n_units=a.size,
                            statistic=lambda idx: float(a[idx].mean() - b[idx].mean()), target=0.05, op="<",
                            unit="problem")
+
+
+def _premises(rows: list[dict], auc: dict[str, Any]) -> list[dict]:
+    """What the claims' mechanisms need here: Best-of-8 can only beat greedy if some sample is right where greedy
+    is not (the oracle pick above greedy); SR-GRPO can only raise accuracy if its reward ranks the policy's right
+    samples above its wrong ones (per-problem AUC above 0.5 on the initial policy's groups)."""
+    bon = [r for r in rows if r["section"] == "best_of_n"]
+    out = [premise("bon_oracle", "Best-of-8 with an oracle pick (any sample right) above greedy decoding",
+                   needs="a right sample among the 8 where greedy is wrong: room for selection",
+                   quantity="exact-match accuracy(oracle BoN) - accuracy(greedy), fraction of problems",
+                   statistic=_mean_diff([float(r["oracle"]) for r in bon], [float(r["greedy"]) for r in bon]),
+                   n_units=len(bon), target=0.0, op=">", unit="problem")]
+    aucs = list(auc.get("stable_rank_per_problem") or [])
+    if aucs:
+        out.append(premise(
+            "grpo_reward_informative", "on the initial policy's groups, stable rank ranks right samples above wrong ones",
+            needs="a reward that tells right from wrong samples of the policy it trains (AUC > 0.5)",
+            quantity="per-problem AUC of the stable-rank reward (right vs wrong samples of one group), mean over "
+                     "problems with both", statistic=_mean_diff(aucs, [0.0] * len(aucs)), n_units=len(aucs),
+            target=0.5, op=">", unit="problem"))
+    return out
+
+
+def _mean_diff(a: Sequence[float], b: Sequence[float]) -> Callable[[np.ndarray], float]:
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    return lambda idx: float(x[idx].mean() - y[idx].mean())
 
 
 def _summary(rows: list[dict], auc: dict[str, float]) -> list[dict]:
@@ -552,7 +597,8 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
         grpo_rows, auc = timed("sr_grpo", lambda: _sr_grpo(model, tok, quick, sizes, seed))
     rows = pair_rows + bon_rows + grpo_rows
     seeds = list(range(seed, seed + sizes["grpo_seeds"]))
-    claims, controls = _claims(rows, seeds)
+    premises = _premises(rows, auc)
+    claims, controls = _claims(rows, seeds, informative=len(premises) > 1)
     notes = {
         "scorer": "SmolLM2-135M-Instruct (offline GGUF, dequantised), chat template, post-final-norm, special "
                   "tokens excluded, uncentred; stable_rank = raw / E[srank | T] of Lee test articles",
@@ -565,4 +611,4 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
         "sr_grpo_reward_auc": auc,
         "phase_cpu_s": phases,
     }
-    return BenchmarkResult(rows, claims, controls, notes, _summary(rows, auc))
+    return BenchmarkResult(rows, claims, controls, notes, _summary(rows, auc), premises=premises)

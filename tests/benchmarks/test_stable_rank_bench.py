@@ -109,3 +109,34 @@ def test_gaming_claim_and_its_control_only_where_the_dose_can_show_gaming():
     gaming_control = next(c for c in full_controls if "game" in c["claim"])
     assert gaming_control["verdict"] == "fails"  # every length-GRPO response degenerate: the control sees it
     assert len(full_claims) - len(quick_claims) == 1 and len(full_controls) - len(quick_controls) == 1
+
+
+def test_bon_and_grpo_claims_need_their_premises():
+    """Best-of-8 needs an oracle pick above greedy; SR-GRPO needs a reward that tells right from wrong samples of
+    its policy. Without either, the claim is no_headroom (its measured verdict kept), never fails."""
+    from lit_lowrank.benchmarks._claims import resolve
+    from lit_lowrank.benchmarks.stable_rank import _claims, _premises, group_aucs
+
+    values = torch.tensor([[3.0, 1.0, 2.0], [1.0, 2.0, 0.0], [5.0, 5.0, 5.0]])
+    correct = torch.tensor([[1, 0, 0], [1, 0, 1], [0, 0, 0]])
+    assert group_aucs(values, correct) == pytest.approx([1.0, 0.0])  # the all-wrong group has no pair
+
+    rows = [{"section": "pairwise", "stable_rank": 1.0, "mean_log_prob": 0.0, "random": 0.0, "length": 0.0,
+             "shortness": 0.0} for _ in range(20)]
+    # greedy right on every problem: no sample can do better, so Best-of-8 has no room
+    rows += [{"section": "best_of_n", "stable_rank": 0.0, "greedy": 1.0, "oracle": 1.0, "random": 0.0,
+              "length": 0.0} for _ in range(12)]
+    rows += [{"section": "sr_grpo", "reward": r, "seed": 0, "problem": p, "correct_before": 0.0, "correct_after": 0.0,
+              "degenerate_before": 0.0, "degenerate_after": 0.0} for r in ("stable_rank", "length") for p in range(12)]
+    uninformative = {"stable_rank_per_problem": [0.5, 0.25, 0.75, 0.5, 0.5, 0.5]}
+    premises = _premises(rows, uninformative)
+    assert [p["name"] for p in premises] == ["bon_oracle", "grpo_reward_informative"]
+    assert [p["verdict"] for p in premises] == ["fails", "inconclusive"]
+    claims, _ = _claims(rows, [0], gaming=False)
+    verdict = {c.get("name"): c for c in resolve(claims, premises, [])}
+    assert verdict["bon_greedy"]["verdict"] == "no_headroom" and verdict["bon_greedy"]["measured_verdict"] == "fails"
+    assert verdict["sr_grpo_gain"]["verdict"] == "no_headroom"
+    informative = _premises(rows, {"stable_rank_per_problem": [0.9, 1.0, 0.8, 0.95, 1.0, 0.85]})
+    assert informative[1]["verdict"] == "holds"
+    verdict = {c.get("name"): c for c in resolve(claims, informative, [])}
+    assert verdict["sr_grpo_gain"]["verdict"] == "fails"  # the premise held: now a fail is news
