@@ -32,6 +32,10 @@ ScaledGD; SaMA has higher test accuracy than LoRA, MoRA and LoKr. Controls (must
 with an ill-conditioned solution, rank-1 LoRA fitting the full-rank ΔW* better than rank-4 LoRA, rank-1 LoRA's
 stable rank above rank-8 LoRA's, LoRA with another seed and LoRA on shuffled labels beating LoRA.
 
+Premises: ``lora_slows_init`` / ``lora_slows_target`` (κ = 1000 slows plain LoRA: SDS-LoRA's κ-invariance claims
+need it) and, where full fine-tuning ran (quick too, on the adapted layer), ``<section>_gap_loss`` /
+``<section>_gap_acc`` (full fine-tuning beats LoRA: the gap and accuracy claims need a gap to close).
+
 .. code-block:: bash
 
     lit-lowrank bench lora_variants --quick --json docs/results/lora_variants.json
@@ -47,7 +51,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, paired, torch_threads
+from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, paired, premise, torch_threads
 from lit_lowrank.benchmarks.lora_variants.condition_sweep import condition_rows
 from lit_lowrank.benchmarks.lora_variants.finetune import (
     SMOLLM2_LINEARS,
@@ -73,9 +77,9 @@ POLAR_PAPER = ("PoLAR (arXiv 2506.03133, in the PoLAR-VBLL abstract): \"existing
                "limited expressiveness due to rank collapse\"; PoLAR's ΔW keeps a higher stable rank than LoRA's")
 CONTROL = "(control: must not hold)"
 
-#: quick: only the methods a MiniLM claim reads with its nearest baselines (LoRA, ScaledGD); PiSSA, MoRA, LoKr, DoRA
-#: and full fine-tuning run in full mode (measured: 9–32 CPU-s per quick run at load 10 → 51 runs ≫ 300 CPU-s)
-FT_METHODS_QUICK: tuple[str, ...] = ("lora", "scaled_gd", "sds_lora", "sama", "polar")
+#: quick: only the methods a MiniLM claim reads with its nearest baselines (LoRA, ScaledGD) and full fine-tuning (the
+#: gap premise); PiSSA, MoRA, LoKr and DoRA run in full mode (measured: 9–32 CPU-s per quick run at load 10)
+FT_METHODS_QUICK: tuple[str, ...] = ("full", "lora", "scaled_gd", "sds_lora", "sama", "polar")
 #: SmolLM2 (full mode only) keeps the wider set at one tuning seed
 FT_METHODS_LM: tuple[str, ...] = ("full", "lora", "pissa", "scaled_gd", "lokr", "mora", "sds_lora", "sama", "polar")
 FT_METHODS_FULL: tuple[str, ...] = ("full", "lora", "dora", "pissa", "scaled_gd", "lokr", "mora", "sds_lora", "sama",
@@ -218,11 +222,11 @@ def _condition_claims(rows: Sequence[dict[str, Any]]) -> tuple[list[dict], list[
     init, target = quantity.format(what="initial factors"), quantity.format(what="target, hence of every solution")
     claims = [
         claim("SDS-LoRA (QR): convergence does not slow down with the initial factors' condition number (≤ 2×)",
-              paper=SDS_PAPER, quantity=init, **kappa_ratio("sds_lora", "init")),
+              paper=SDS_PAPER, quantity=init, **kappa_ratio("sds_lora", "init"), requires="lora_slows_init"),
         claim("LoRA: convergence slows down with the initial factors' condition number (≥ 2×)",
               paper=SDS_PAPER, quantity=init, **kappa_ratio("lora", "init", ">=")),
         claim("SDS-LoRA (QR): convergence does not slow down when the solution's factors are ill-conditioned (≤ 2×)",
-              paper=SDS_PAPER, quantity=target, **kappa_ratio("sds_lora", "target")),
+              paper=SDS_PAPER, quantity=target, **kappa_ratio("sds_lora", "target"), requires="lora_slows_target"),
     ]
     sds, sgd, units = paired(cond, "steps_to_tol", {"method": "sds_lora", "kappa": 1000.0, "setting": "target"},
                              {"method": "scaled_gd", "kappa": 1000.0, "setting": "target"})
@@ -230,10 +234,25 @@ def _condition_claims(rows: Sequence[dict[str, Any]]) -> tuple[list[dict], list[
                         "ill-conditioned solution, κ = 1000",
                         paper=SDS_PAPER + " — beyond the known κ-free preconditioner ScaledGD (METHODS.md §15)",
                         quantity="steps to 1e-8·loss₀, SDS / ScaledGD, target κ = 1000, ratio", values=sds,
-                        baseline=sgd, units=units, compare="ratio", target=1.0, op="<"))
+                        baseline=sgd, units=units, compare="ratio", target=1.0, op="<", requires="lora_slows_target"))
     controls = [claim("LoRA: convergence does not slow down when the solution's factors are ill-conditioned (≤ 2×)",
                       paper=CONTROL + " " + SDS_PAPER, quantity=target, **kappa_ratio("lora", "target"))]
     return claims, controls
+
+
+def _condition_premises(rows: Sequence[dict[str, Any]]) -> list[dict]:
+    """κ-invariance is news only where κ slows plain LoRA: LoRA's steps at κ = 1000 above its steps at κ = 1."""
+    cond = _sel(rows, "condition")
+    out = []
+    for setting, what in (("init", "initial factors"), ("target", "target (every solution's factors)")):
+        hi, lo, units = paired(cond, "steps_to_tol", {"method": "lora", "kappa": 1000.0, "setting": setting},
+                               {"method": "lora", "kappa": 1.0, "setting": setting})
+        out.append(premise(f"lora_slows_{setting}", f"LoRA converges more slowly at κ = 1000 of the {what} than at "
+                           "κ = 1", needs="a condition number that slows plain LoRA: otherwise invariance to it "
+                                          "is not news",
+                           quantity=f"LoRA steps to 1e-8·loss₀ at κ=1000 / at κ=1 ({setting}), ratio", values=hi,
+                           baseline=lo, units=units, compare="ratio", target=1.0, op=">"))
+    return out
 
 
 def _fit_claims(rows: Sequence[dict[str, Any]]) -> tuple[list[dict], list[dict]]:
@@ -263,11 +282,14 @@ def _finetune_claims(rows: Sequence[dict[str, Any]], section: str, label: str) -
         return dict(values=ours, baseline=base, units=units)
 
     claims, controls = [], []
+    has_full = {"full", "lora"} <= have
+    gap_loss = f"{section}_gap_loss" if has_full else None
+    gap_acc = f"{section}_gap_acc" if has_full else None
     if {"sds_lora", "lora"} <= have:
         claims += [
             claim(f"{label}: SDS-LoRA closes more of the gap to full fine-tuning than LoRA (lower test loss)",
                   paper=SDS_GAP, quantity="test loss(SDS) − test loss(LoRA) = gap(SDS) − gap(LoRA), nats",
-                  **pair("test_loss", "sds_lora", "lora"), target=0.0, op="<"),
+                  **pair("test_loss", "sds_lora", "lora"), target=0.0, op="<", requires=gap_loss),
             claim(f"{label}: SDS-LoRA's factor gradients have a higher effective rank than LoRA's", paper=SDS_GAP,
                   quantity="mean effective rank of the factor gradients, SDS / LoRA, ratio",
                   **pair("grad_erank", "sds_lora", "lora"), compare="ratio", target=1.0, op=">"),
@@ -279,13 +301,13 @@ def _finetune_claims(rows: Sequence[dict[str, Any]], section: str, label: str) -
             if base in have:
                 claims.append(claim(f"{label}: SDS-LoRA above {'PiSSA' if base == 'pissa' else 'ScaledGD'} in test "
                                     "accuracy", paper=SDS_PERF, quantity=f"test acc(SDS) − test acc({base}), fraction",
-                                    **pair("test_acc", "sds_lora", base), target=0.0, op=">"))
+                                    **pair("test_acc", "sds_lora", base), target=0.0, op=">", requires=gap_acc))
     if "sama" in have:
         for base in ("lora", "mora", "lokr"):
             if base in have:
                 claims.append(claim(f"{label}: SaMA above {base} in test accuracy at ≤ its parameters",
                                     paper=SAMA_PAPER, quantity=f"test acc(SaMA) − test acc({base}), fraction",
-                                    **pair("test_acc", "sama", base), target=0.0, op=">"))
+                                    **pair("test_acc", "sama", base), target=0.0, op=">", requires=gap_acc))
     if "polar" in have:
         claims.append(claim(f"{label}: PoLAR's learned ΔW has a higher stable rank than LoRA's", paper=POLAR_PAPER,
                             quantity="stable rank ‖ΔW‖²_F/‖ΔW‖²₂ of ΔW_T − ΔW_0, mean over layers, PoLAR / LoRA",
@@ -299,6 +321,21 @@ def _finetune_claims(rows: Sequence[dict[str, Any]], section: str, label: str) -
               **pair("test_loss", "lora_shuffled_labels", "lora"), target=0.0, op="<"),
     ]
     return claims, controls
+
+
+def _finetune_premises(rows: Sequence[dict[str, Any]], section: str, label: str) -> list[dict]:
+    """A gap to close: full fine-tuning below LoRA's test loss and above its accuracy (paired seeds)."""
+    ft = _sel(rows, section)
+    if not {"full", "lora"} <= {r["method"] for r in ft}:
+        return []
+    out = []
+    for metric, op, what in (("test_loss", "loss", "a lower test loss"), ("test_acc", "acc", "a higher accuracy")):
+        lora, full, units = paired(ft, metric, {"method": "lora"}, {"method": "full"})
+        out.append(premise(f"{section}_gap_{op}", f"{label}: full fine-tuning reaches {what} than LoRA",
+                           needs="a gap between LoRA and full fine-tuning for a better adapter to close",
+                           quantity=f"{metric}(LoRA) − {metric}(full)" + (", nats" if op == "loss" else ", fraction"),
+                           values=lora, baseline=full, units=units, target=0.0, op=">" if op == "loss" else "<"))
+    return out
 
 
 def _summary(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -371,10 +408,12 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
     for part in (_fit_claims(rows), polar_rank_claims(rows)):
         claims += part[0]
         controls += part[1]
+    premises = _condition_premises(rows)
     for section, label in sections:
         c, k = _finetune_claims(rows, section, label)
         claims += c
         controls += k
+        premises += _finetune_premises(rows, section, label)
     notes["finetune_model"] = ("all-MiniLM-L6-v2: 6 layers, bottom 5 cached, adapters on every Linear of layer 6"
                                if quick else "all-MiniLM-L6-v2 (all layers) and SmolLM2-135M-Instruct")
-    return BenchmarkResult(rows, claims, controls, notes=notes, summary=_summary(rows))
+    return BenchmarkResult(rows, claims, controls, notes=notes, summary=_summary(rows), premises=premises)
