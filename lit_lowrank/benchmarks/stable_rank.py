@@ -26,7 +26,8 @@ Sections:
   attention and MLP projections).
 
 **Premises**: ``bon_oracle`` (an oracle pick among the 8 samples above greedy: room for any selector) for the
-Best-of-8 claim; ``grpo_reward_informative`` (the stable-rank reward ranks right samples of the initial
+Best-of-8 claim; ``length_games`` (GRPO on a pure length reward raises the degenerate rate: the dose can show
+gaming) for "SR-GRPO does not game"; ``grpo_reward_informative`` (the stable-rank reward ranks right samples of the initial
 policy's groups above wrong ones, per-problem AUC > 0.5) for the SR-GRPO claim. A claim whose premise does
 not hold is ``no_headroom``.
 
@@ -433,12 +434,13 @@ def _sr_grpo(model, tok, quick: bool, sizes: dict, seed: int) -> tuple[list[dict
 
 def _claims(rows: list[dict], seeds: Sequence[int], gaming: bool = True, informative: bool = True
             ) -> tuple[list[dict], list[dict]]:
-    """Claims and controls from the rows; ``gaming=False`` leaves out the degenerate-response claim and its control;
+    """Claims and controls from the rows; ``gaming=False`` leaves out the degenerate-response claim;
     ``informative=False`` (no reward-AUC premise measured) leaves the SR-GRPO claim without its premise.
 
-    Both modes claim it: the control (GRPO on response length must show gaming) decides whether the dose can see
-    gaming at all — if it ever holds, the run is marked invalid instead of reporting "does not game". (An earlier
-    quick policy moved a pure length reward by only +0.02 degenerate rate, so quick had left the claim out.)
+    "SR-GRPO does not game its reward" needs the premise ``length_games`` (GRPO on a pure length reward raises the
+    degenerate rate: the dose can show gaming at all); where it does not hold the claim is ``no_headroom``. (It was a
+    control that marked the run invalid; the quick policy's length-GRPO moved the degenerate rate by +0.02 in one
+    run and +0.2 in another, so the dose is measured each run instead.)
     """
     pw = [r for r in rows if r["section"] == "pairwise"]
     bon = [r for r in rows if r["section"] == "best_of_n"]
@@ -480,9 +482,7 @@ def _claims(rows: list[dict], seeds: Sequence[int], gaming: bool = True, informa
     grpo = [r for r in rows if r["section"] == "sr_grpo"]
     if grpo:
         def per_problem(reward: str, key: str) -> list[float]:
-            items = [r for r in grpo if r["reward"] == reward]
-            problems = sorted({r["problem"] for r in items})
-            return [float(np.mean([r[key] for r in items if r["problem"] == p])) for p in problems]
+            return _grpo_per_problem(rows, reward, key)
 
         n_seeds = len(seeds)
         gain_q = f"greedy accuracy after - before GRPO on held-out problems (mean over {n_seeds} seed(s)), fraction"
@@ -502,30 +502,44 @@ def _claims(rows: list[dict], seeds: Sequence[int], gaming: bool = True, informa
         if gaming:
             claims.append(_not_more_degenerate("SR-GRPO does not game its reward: degenerate responses rise by < 0.05",
                                                per_problem("stable_rank", "degenerate_after"),
-                                               per_problem("stable_rank", "degenerate_before"), hack_q))
-            controls.append(_not_more_degenerate(
-                "control: GRPO on response length does not game it (degenerate rise < 0.05)",
-                per_problem("length", "degenerate_after"), per_problem("length", "degenerate_before"), hack_q))
+                                               per_problem("stable_rank", "degenerate_before"), hack_q,
+                                               name="sr_grpo_no_gaming", requires="length_games"))
     return claims, controls
 
 
-def _not_more_degenerate(text: str, after: list[float], before: list[float], quantity: str) -> dict[str, Any]:
+def _not_more_degenerate(text: str, after: list[float], before: list[float], quantity: str,
+                         **kwargs: Any) -> dict[str, Any]:
     a, b = np.asarray(after), np.asarray(before)
     return statistic_claim(text, paper=PAPER_HACKING, quantity=quantity, n_units=a.size,
                            statistic=lambda idx: float(a[idx].mean() - b[idx].mean()), target=0.05, op="<",
-                           unit="problem")
+                           unit="problem", **kwargs)
+
+
+def _grpo_per_problem(rows: list[dict], reward: str, key: str) -> list[float]:
+    items = [r for r in rows if r["section"] == "sr_grpo" and r["reward"] == reward]
+    problems = sorted({r["problem"] for r in items})
+    return [float(np.mean([r[key] for r in items if r["problem"] == p])) for p in problems]
 
 
 def _premises(rows: list[dict], auc: dict[str, Any]) -> list[dict]:
     """What the claims' mechanisms need here: Best-of-8 can only beat greedy if some sample is right where greedy
-    is not (the oracle pick above greedy); SR-GRPO can only raise accuracy if its reward ranks the policy's right
-    samples above its wrong ones (per-problem AUC above 0.5 on the initial policy's groups)."""
+    is not (the oracle pick above greedy); "does not game" is news only if a length reward games at this dose;
+    SR-GRPO can only raise accuracy if its reward ranks the policy's right samples above its wrong ones
+    (per-problem AUC above 0.5 on the initial policy's groups)."""
     bon = [r for r in rows if r["section"] == "best_of_n"]
     out = [premise("bon_oracle", "Best-of-8 with an oracle pick (any sample right) above greedy decoding",
                    needs="a right sample among the 8 where greedy is wrong: room for selection",
                    quantity="exact-match accuracy(oracle BoN) - accuracy(greedy), fraction of problems",
                    statistic=_mean_diff([float(r["oracle"]) for r in bon], [float(r["greedy"]) for r in bon]),
                    n_units=len(bon), target=0.0, op=">", unit="problem")]
+    length_after = _grpo_per_problem(rows, "length", "degenerate_after")
+    if length_after:
+        out.append(premise(
+            "length_games", "GRPO on a pure length reward raises the degenerate-response rate by >= 0.05",
+            needs="a dose that can show reward gaming: a reward that pays for length must produce it",
+            quantity="degenerate-response rate after - before GRPO on response length, fraction of problems",
+            statistic=_mean_diff(length_after, _grpo_per_problem(rows, "length", "degenerate_before")),
+            n_units=len(length_after), target=0.05, op=">=", unit="problem"))
     aucs = list(auc.get("stable_rank_per_problem") or [])
     if aucs:
         out.append(premise(
@@ -598,7 +612,7 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
     rows = pair_rows + bon_rows + grpo_rows
     seeds = list(range(seed, seed + sizes["grpo_seeds"]))
     premises = _premises(rows, auc)
-    claims, controls = _claims(rows, seeds, informative=len(premises) > 1)
+    claims, controls = _claims(rows, seeds, informative=any(p["name"] == "grpo_reward_informative" for p in premises))
     notes = {
         "scorer": "SmolLM2-135M-Instruct (offline GGUF, dequantised), chat template, post-final-norm, special "
                   "tokens excluded, uncentred; stable_rank = raw / E[srank | T] of Lee test articles",

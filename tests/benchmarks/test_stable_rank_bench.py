@@ -92,23 +92,33 @@ def test_grouped_auc_orders_right_above_wrong_within_groups():
     assert np.isnan(grouped_auc(values[2:], correct[2:]))
 
 
-def test_gaming_claim_and_its_control_only_where_the_dose_can_show_gaming():
-    from lit_lowrank.benchmarks.stable_rank import _claims
+def test_gaming_claim_needs_a_dose_that_can_show_gaming():
+    """"SR-GRPO does not game" requires the premise that GRPO on a pure length reward does game at this dose."""
+    from lit_lowrank.benchmarks._claims import resolve
+    from lit_lowrank.benchmarks.stable_rank import _claims, _premises
 
-    rows = [{"section": "pairwise", "stable_rank": float(i % 3 > 0), "mean_log_prob": 0.0, "random": float(i % 2),
-             "length": 0.0, "shortness": 1.0} for i in range(30)]
-    rows += [{"section": "best_of_n", "stable_rank": 1.0, "greedy": 0.0, "random": 0.0, "length": 0.0}
-             for _ in range(10)]
-    rows += [{"section": "sr_grpo", "reward": r, "seed": 0, "problem": p, "correct_before": 0.0, "correct_after": 1.0,
-              "degenerate_before": 0.0, "degenerate_after": float(r == "length")}
-             for r in ("stable_rank", "length") for p in range(12)]
-    full_claims, full_controls = _claims(rows, [0])
-    quick_claims, quick_controls = _claims(rows, [0], gaming=False)
-    assert sum("game" in c["claim"] for c in full_claims) == 1 and sum("game" in c["claim"] for c in full_controls) == 1
-    assert not any("game" in c["claim"] for c in quick_claims + quick_controls)
-    gaming_control = next(c for c in full_controls if "game" in c["claim"])
-    assert gaming_control["verdict"] == "fails"  # every length-GRPO response degenerate: the control sees it
-    assert len(full_claims) - len(quick_claims) == 1 and len(full_controls) - len(quick_controls) == 1
+    def rows_with(length_degenerate: float) -> list[dict]:
+        rows = [{"section": "pairwise", "stable_rank": float(i % 3 > 0), "mean_log_prob": 0.0,
+                 "random": float(i % 2), "length": 0.0, "shortness": 1.0} for i in range(30)]
+        rows += [{"section": "best_of_n", "stable_rank": 1.0, "greedy": 0.0, "oracle": 1.0, "random": 0.0,
+                  "length": 0.0} for _ in range(10)]
+        rows += [{"section": "sr_grpo", "reward": r, "seed": 0, "problem": p, "correct_before": 0.0,
+                  "correct_after": 1.0, "degenerate_before": 0.0,
+                  "degenerate_after": length_degenerate if r == "length" else 0.0}
+                 for r in ("stable_rank", "length") for p in range(12)]
+        return rows
+
+    full_claims, full_controls = _claims(rows_with(1.0), [0], informative=False)
+    quick_claims, _ = _claims(rows_with(1.0), [0], gaming=False, informative=False)
+    assert sum("game" in c["claim"] for c in full_claims) == 1 and not any("game" in c["claim"] for c in quick_claims)
+    assert not any("game" in c["claim"] for c in full_controls)  # a premise now, not a control
+    for degenerate, expected in ((1.0, "holds"), (0.0, "no_headroom")):
+        rows = rows_with(degenerate)
+        claims, _ = _claims(rows, [0], informative=False)
+        premises = _premises(rows, {})
+        assert {p["name"]: p["verdict"] for p in premises}["length_games"] == ("holds" if degenerate else "fails")
+        gaming = next(c for c in resolve(claims, premises, []) if c.get("name") == "sr_grpo_no_gaming")
+        assert gaming["verdict"] == expected, (degenerate, gaming["verdict"])
 
 
 def test_bon_and_grpo_claims_need_their_premises():
@@ -130,13 +140,13 @@ def test_bon_and_grpo_claims_need_their_premises():
               "degenerate_before": 0.0, "degenerate_after": 0.0} for r in ("stable_rank", "length") for p in range(12)]
     uninformative = {"stable_rank_per_problem": [0.5, 0.25, 0.75, 0.5, 0.5, 0.5]}
     premises = _premises(rows, uninformative)
-    assert [p["name"] for p in premises] == ["bon_oracle", "grpo_reward_informative"]
-    assert [p["verdict"] for p in premises] == ["fails", "inconclusive"]
+    assert [p["name"] for p in premises] == ["bon_oracle", "length_games", "grpo_reward_informative"]
+    assert [p["verdict"] for p in premises] == ["fails", "fails", "inconclusive"]
     claims, _ = _claims(rows, [0], gaming=False)
     verdict = {c.get("name"): c for c in resolve(claims, premises, [])}
     assert verdict["bon_greedy"]["verdict"] == "no_headroom" and verdict["bon_greedy"]["measured_verdict"] == "fails"
     assert verdict["sr_grpo_gain"]["verdict"] == "no_headroom"
     informative = _premises(rows, {"stable_rank_per_problem": [0.9, 1.0, 0.8, 0.95, 1.0, 0.85]})
-    assert informative[1]["verdict"] == "holds"
+    assert informative[2]["verdict"] == "holds"
     verdict = {c.get("name"): c for c in resolve(claims, informative, [])}
     assert verdict["sr_grpo_gain"]["verdict"] == "fails"  # the premise held: now a fail is news
