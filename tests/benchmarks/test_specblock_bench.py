@@ -55,3 +55,18 @@ def test_rows_and_summary():
     assert row["tau"] == 1.0 and row["draft_ms_per_round"] == 10.0
     summary = _summary([row, _row("generate", 0, ref, ref, None)])
     assert summary[0]["identical"] == "0/1" and summary[0]["config"] == "b1" and summary[1]["x_generate"] == 1.0
+
+
+def test_every_rotation_runs_the_oracle_after_a_real_method():
+    """The quick run crashed on the prompt whose rotation put the random control first and the oracle second."""
+    from lit_lowrank.benchmarks.specblock import _rotation
+
+    methods = ["generate", "ngram", "prompt_lookup", "specblock", "eagle", "hybrid"]
+    firsts = set()
+    for i in range(2 * (len(methods) + 2)):
+        order = _rotation(methods, i)
+        assert sorted(order) == sorted([*methods, "oracle", "random"])
+        real = [k for k, name in enumerate(order) if name not in ("oracle", "random")]
+        assert real[0] < order.index("oracle")
+        firsts.add(order[0])
+    assert firsts >= set(methods)  # every method runs first on some prompt

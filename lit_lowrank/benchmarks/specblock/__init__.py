@@ -150,10 +150,7 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
         rows: list[dict[str, Any]] = []
         t1 = time.perf_counter()
         for i, prompt in enumerate(test):
-            order = list(methods) + ["oracle", "random"]
-            order = order[i % len(order):] + order[: i % len(order)]  # rotate: no method always runs first
-            if order[0] == "oracle":  # the oracle replays an earlier run's output (all are generate's: lossless)
-                order[0], order[1] = order[1], order[0]
+            order = _rotation(list(methods), i)
             runs: dict[str, dict[str, Any]] = {}
             for name in order:
                 if name == "oracle":
@@ -192,6 +189,18 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
     }
     return BenchmarkResult(rows, claims, controls, notes, summary=_summary(rows), premises=premises,
                            competitors=competitors)
+
+
+def _rotation(methods: list[str], i: int) -> list[str]:
+    """Prompt ``i``'s run order: ``methods`` + the oracle and random controls, rotated by ``i`` (no method always
+    runs first). The oracle replays an earlier real method's output (all equal generate's: lossless), so it runs
+    right after the first one; the random control, which decodes fewer tokens, does not count."""
+    order = [*methods, "oracle", "random"]
+    order = order[i % len(order):] + order[: i % len(order)]
+    order.remove("oracle")
+    first_real = next(k for k, name in enumerate(order) if name != "random")
+    order.insert(first_real + 1, "oracle")
+    return order
 
 
 def _bandit_stream(target: Any, factories: dict[str, Callable[..., Any]], prompts: list[torch.Tensor],
