@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lit_lowrank.benchmarks.harness import BenchmarkResult, premise, statistic_claim, torch_threads
+from lit_lowrank.benchmarks.harness import BenchmarkResult, competitor, premise, statistic_claim, torch_threads
 from lit_lowrank.datamodules.preference import PreferencePair, degradation_pairs
 from lit_lowrank.datamodules.prompts import PromptDataModule, arithmetic_problems, arithmetic_reward
 from lit_lowrank.decoding.stable_rank import (
@@ -457,7 +457,8 @@ def _claims(rows: list[dict], seeds: Sequence[int], gaming: bool = True, informa
                    PAPER_PAIRWISE, pairwise_q, col(pw, "stable_rank"), 0.5, "pair"),
         rate_claim("pairwise: length-normalised stable rank more accurate than mean log-prob",
                    PAPER_BASELINES, "pairwise accuracy(stable rank) - pairwise accuracy(mean log-prob), fraction",
-                   col(pw, "stable_rank"), 0.0, "pair", baseline=col(pw, "mean_log_prob")),
+                   col(pw, "stable_rank"), 0.0, "pair", baseline=col(pw, "mean_log_prob"),
+                   name="pairwise_vs_logprob"),
         rate_claim("Best-of-8: stable-rank selection more accurate than greedy decoding",
                    PAPER_BON, "exact-match accuracy(stable-rank BoN) - accuracy(greedy), fraction of problems",
                    col(bon, "stable_rank"), 0.0, "problem", baseline=col(bon, "greedy"), name="bon_greedy",
@@ -551,6 +552,29 @@ def _premises(rows: list[dict], auc: dict[str, Any]) -> list[dict]:
     return out
 
 
+def _competitors(rows: list[dict]) -> list[dict]:
+    """The cheapest alternatives in stable rank's place: self-certainty, another annotation-free signal read from
+    the same forward (pairwise), and mean log-prob selection (Best-of-8)."""
+    pw = [r for r in rows if r["section"] == "pairwise"]
+    bon = [r for r in rows if r["section"] == "best_of_n"]
+    out = []
+    if pw and "self_certainty" in pw[0]:
+        out.append(competitor(
+            "pairwise_vs_logprob", "pairwise: self-certainty more accurate than mean log-prob",
+            competitor="self-certainty (the logits' divergence from uniform, same forward) in stable rank's place",
+            quantity="pairwise accuracy(self-certainty) - pairwise accuracy(mean log-prob), fraction",
+            statistic=_mean_diff([float(r["self_certainty"]) for r in pw], [float(r["mean_log_prob"]) for r in pw]),
+            n_units=len(pw), target=0.0, op=">", unit="pair"))
+    if bon and "mean_log_prob" in bon[0]:
+        out.append(competitor(
+            "bon_greedy", "Best-of-8: mean log-prob selection more accurate than greedy decoding",
+            competitor="mean log-prob selection (the model's own likelihood) in stable rank's place",
+            quantity="exact-match accuracy(log-prob BoN) - accuracy(greedy), fraction of problems",
+            statistic=_mean_diff([float(r["mean_log_prob"]) for r in bon], [float(r["greedy"]) for r in bon]),
+            n_units=len(bon), target=0.0, op=">", unit="problem"))
+    return out
+
+
 def _mean_diff(a: Sequence[float], b: Sequence[float]) -> Callable[[np.ndarray], float]:
     x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     return lambda idx: float(x[idx].mean() - y[idx].mean())
@@ -625,4 +649,5 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
         "sr_grpo_reward_auc": auc,
         "phase_cpu_s": phases,
     }
-    return BenchmarkResult(rows, claims, controls, notes, _summary(rows, auc), premises=premises)
+    return BenchmarkResult(rows, claims, controls, notes, _summary(rows, auc), premises=premises,
+                           competitors=_competitors(rows))

@@ -69,6 +69,7 @@ def test_claims_need_a_kappa_that_slows_lora_and_a_gap_to_full_fine_tuning():
     """SDS-LoRA's κ-invariance is news only where κ slows LoRA; an adapter can only close a gap that exists."""
     from lit_lowrank.benchmarks._claims import resolve
     from lit_lowrank.benchmarks.lora_variants import (
+        _competitors,
         _condition_claims,
         _condition_premises,
         _finetune_claims,
@@ -100,5 +101,8 @@ def test_claims_need_a_kappa_that_slows_lora_and_a_gap_to_full_fine_tuning():
     assert [p["name"] for p in gap] == ["finetune_x_gap_loss", "finetune_x_gap_acc"]
     assert all(p["verdict"] != "holds" for p in gap)  # full fine-tuning is no better than LoRA here
     claims, _ = _finetune_claims(ft, "finetune_x", "X")
-    loss_claim = resolve(claims, gap, [])[0]
+    comps = _competitors(ft, [("finetune_x", "X")])
+    assert [c["for"] for c in comps] == ["finetune_x_sds_gap"]  # ScaledGD in SDS-LoRA's place
+    loss_claim = resolve(claims, gap, comps)[0]
     assert loss_claim["verdict"] == "no_headroom" and loss_claim["measured_verdict"] == "holds"
+    assert loss_claim["matched_by"] == []  # ScaledGD (loss 1.0) does not close the gap

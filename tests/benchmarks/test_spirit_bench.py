@@ -54,3 +54,23 @@ def test_speed_claims_need_the_ceiling_at_the_chosen_ratio():
     assert needed_far == "ceiling_0.5"
     assert [c["verdict"] for c in resolve(_claims(rows, 2, requires=needed_far)[0], premises, [])][:3] == ["fails"] * 3
     assert controls[0].get("requires") in (None, [], ())
+
+
+def test_the_offline_pattern_competes_for_the_speed_claim():
+    from lit_lowrank.benchmarks._claims import resolve
+    from lit_lowrank.benchmarks.spirit import _claims, _competitors, _premises
+
+    rows = []
+    for p in range(4):
+        domain = "lee" if p < 2 else "text8"
+        rows.append({"method": "ceiling_generate", "prompt": p, "domain": domain, "tokens_per_s": 20.0 + p})
+        rows.append({"method": "ceiling@0.2", "prompt": p, "domain": domain, "tokens_per_s": (20.0 + p) * 1.3})
+        for name, speed in (("spirit", 26.0), ("generate", 20.0), ("agreement_only", 13.0), ("offline_bayes", 25.0),
+                            ("random", 10.0)):
+            rows.append({"method": name, "prompt": p, "domain": domain, "tokens_per_s": speed + p})
+    premises, needed = _premises(rows, (0.2,), chosen=0.2)
+    claims, _ = _claims(rows, 2, requires=needed)
+    resolved = {c.get("name"): c for c in resolve(claims, premises, _competitors(rows))}
+    beat = resolved["spirit_vs_generate"]
+    assert beat["verdict"] == "holds" and beat["matched_by"]  # the offline pattern beats generate too
+    assert beat["matched_by"][0].startswith("the pattern tuned offline")

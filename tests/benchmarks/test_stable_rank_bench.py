@@ -150,3 +150,18 @@ def test_bon_and_grpo_claims_need_their_premises():
     assert informative[2]["verdict"] == "holds"
     verdict = {c.get("name"): c for c in resolve(claims, informative, [])}
     assert verdict["sr_grpo_gain"]["verdict"] == "fails"  # the premise held: now a fail is news
+
+
+def test_self_certainty_and_log_prob_selection_compete_for_the_claims():
+    from lit_lowrank.benchmarks._claims import resolve
+    from lit_lowrank.benchmarks.stable_rank import _claims, _competitors, _premises
+
+    rows = [{"section": "pairwise", "stable_rank": 1.0, "mean_log_prob": float(i % 2), "self_certainty": 1.0,
+             "random": 0.0, "length": 0.0, "shortness": 0.0} for i in range(40)]
+    rows += [{"section": "best_of_n", "stable_rank": 1.0, "greedy": 0.0, "oracle": 1.0, "random": 0.0,
+              "length": 0.0, "mean_log_prob": 0.0} for _ in range(12)]
+    claims, _ = _claims(rows, [0], gaming=False, informative=False)
+    resolved = {c.get("name"): c for c in resolve(claims, _premises(rows, {}), _competitors(rows))}
+    assert resolved["pairwise_vs_logprob"]["verdict"] == "holds"
+    assert resolved["pairwise_vs_logprob"]["matched_by"]  # self-certainty beats log-prob as well: not stable rank's
+    assert resolved["bon_greedy"]["verdict"] == "holds" and not resolved["bon_greedy"]["matched_by"]

@@ -51,7 +51,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, paired, premise, torch_threads
+from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, competitor, paired, premise, torch_threads
 from lit_lowrank.benchmarks.lora_variants.condition_sweep import condition_rows
 from lit_lowrank.benchmarks.lora_variants.finetune import (
     SMOLLM2_LINEARS,
@@ -264,7 +264,8 @@ def _fit_claims(rows: Sequence[dict[str, Any]]) -> tuple[list[dict], list[dict]]
                                    {"method": other, "target": "full_rank"})
         claims.append(claim(f"SaMA fits a full-rank ΔW* better than {other.upper() if other == 'mora' else 'LoRA'} "
                             "at equal parameters", paper=SAMA_PAPER, quantity=quantity.format(a="SaMA", b=other),
-                            values=ours, baseline=base, units=units, compare="ratio", target=1.0, op="<"))
+                            values=ours, baseline=base, units=units, compare="ratio", target=1.0, op="<",
+                            name=f"sama_fit_vs_{other}"))
     low, base, units = paired(fit, "rel_error", {"method": "lora_rank1", "target": "full_rank"},
                               {"method": "lora", "target": "full_rank"})
     controls = [claim("rank-1 LoRA fits a full-rank ΔW* better than rank-4 LoRA", paper=CONTROL + " " + SAMA_PAPER,
@@ -289,7 +290,8 @@ def _finetune_claims(rows: Sequence[dict[str, Any]], section: str, label: str) -
         claims += [
             claim(f"{label}: SDS-LoRA closes more of the gap to full fine-tuning than LoRA (lower test loss)",
                   paper=SDS_GAP, quantity="test loss(SDS) − test loss(LoRA) = gap(SDS) − gap(LoRA), nats",
-                  **pair("test_loss", "sds_lora", "lora"), target=0.0, op="<", requires=gap_loss),
+                  **pair("test_loss", "sds_lora", "lora"), target=0.0, op="<", requires=gap_loss,
+                  name=f"{section}_sds_gap"),
             claim(f"{label}: SDS-LoRA's factor gradients have a higher effective rank than LoRA's", paper=SDS_GAP,
                   quantity="mean effective rank of the factor gradients, SDS / LoRA, ratio",
                   **pair("grad_erank", "sds_lora", "lora"), compare="ratio", target=1.0, op=">"),
@@ -321,6 +323,29 @@ def _finetune_claims(rows: Sequence[dict[str, Any]], section: str, label: str) -
               **pair("test_loss", "lora_shuffled_labels", "lora"), target=0.0, op="<"),
     ]
     return claims, controls
+
+
+def _competitors(rows: Sequence[dict[str, Any]], sections: Sequence[tuple[str, str]]) -> list[dict]:
+    """The cheapest alternative in the method's place: LoKr (another Kronecker adapter at the same budget) for
+    SaMA's fit, ScaledGD (the known κ-free preconditioner) for SDS-LoRA's gap."""
+    out = []
+    fit = _sel(rows, "fit")
+    if {"lokr", "lora"} <= {r["method"] for r in fit}:
+        lokr, lora, units = paired(fit, "rel_error", {"method": "lokr", "target": "full_rank"},
+                                   {"method": "lora", "target": "full_rank"})
+        out.append(competitor("sama_fit_vs_lora", "LoKr fits a full-rank ΔW* better than LoRA at equal parameters",
+                              competitor="LoKr (a Kronecker adapter without SaMA's relaxation) at the same budget",
+                              quantity="‖ΔW − ΔW*‖_F/‖ΔW*‖_F, LoKr / LoRA, full-rank Gaussian ΔW*, ratio", values=lokr,
+                              baseline=lora, units=units, compare="ratio", target=1.0, op="<"))
+    for section, label in sections:
+        ft = _sel(rows, section)
+        if {"scaled_gd", "lora", "sds_lora"} <= {r["method"] for r in ft}:
+            sgd, lora, units = paired(ft, "test_loss", {"method": "scaled_gd"}, {"method": "lora"})
+            out.append(competitor(f"{section}_sds_gap", f"{label}: ScaledGD closes more of the gap than LoRA",
+                                  competitor="ScaledGD (Riemannian-preconditioned LoRA) in SDS-LoRA's place",
+                                  quantity="test loss(ScaledGD) − test loss(LoRA), nats", values=sgd, baseline=lora,
+                                  units=units, target=0.0, op="<"))
+    return out
 
 
 def _finetune_premises(rows: Sequence[dict[str, Any]], section: str, label: str) -> list[dict]:
@@ -416,4 +441,5 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
         premises += _finetune_premises(rows, section, label)
     notes["finetune_model"] = ("all-MiniLM-L6-v2: 6 layers, bottom 5 cached, adapters on every Linear of layer 6"
                                if quick else "all-MiniLM-L6-v2 (all layers) and SmolLM2-135M-Instruct")
-    return BenchmarkResult(rows, claims, controls, notes=notes, summary=_summary(rows), premises=premises)
+    return BenchmarkResult(rows, claims, controls, notes=notes, summary=_summary(rows), premises=premises,
+                           competitors=_competitors(rows, sections))
