@@ -552,26 +552,30 @@ def _premises(rows: list[dict], auc: dict[str, Any]) -> list[dict]:
     return out
 
 
+#: (claim, section, unit, signal in stable rank's place, what it is, what it is compared with, quantity)
+COMPETITORS = (
+    ("pairwise_vs_logprob", "pairwise", "pair", "self_certainty", "mean_log_prob",
+     "self-certainty (the logits' divergence from uniform, same forward) in stable rank's place",
+     "pairwise: self-certainty more accurate than mean log-prob",
+     "pairwise accuracy(self-certainty) - pairwise accuracy(mean log-prob), fraction"),
+    ("bon_greedy", "best_of_n", "problem", "mean_log_prob", "greedy",
+     "mean log-prob selection (the model's own likelihood) in stable rank's place",
+     "Best-of-8: mean log-prob selection more accurate than greedy decoding",
+     "exact-match accuracy(log-prob BoN) - accuracy(greedy), fraction of problems"),
+)
+
+
 def _competitors(rows: list[dict]) -> list[dict]:
-    """The cheapest alternatives in stable rank's place: self-certainty, another annotation-free signal read from
-    the same forward (pairwise), and mean log-prob selection (Best-of-8)."""
-    pw = [r for r in rows if r["section"] == "pairwise"]
-    bon = [r for r in rows if r["section"] == "best_of_n"]
+    """The cheapest alternatives in stable rank's place (:data:`COMPETITORS`): self-certainty, another
+    annotation-free signal read from the same forward (pairwise), and mean log-prob selection (Best-of-8)."""
     out = []
-    if pw and "self_certainty" in pw[0]:
-        out.append(competitor(
-            "pairwise_vs_logprob", "pairwise: self-certainty more accurate than mean log-prob",
-            competitor="self-certainty (the logits' divergence from uniform, same forward) in stable rank's place",
-            quantity="pairwise accuracy(self-certainty) - pairwise accuracy(mean log-prob), fraction",
-            statistic=_mean_diff([float(r["self_certainty"]) for r in pw], [float(r["mean_log_prob"]) for r in pw]),
-            n_units=len(pw), target=0.0, op=">", unit="pair"))
-    if bon and "mean_log_prob" in bon[0]:
-        out.append(competitor(
-            "bon_greedy", "Best-of-8: mean log-prob selection more accurate than greedy decoding",
-            competitor="mean log-prob selection (the model's own likelihood) in stable rank's place",
-            quantity="exact-match accuracy(log-prob BoN) - accuracy(greedy), fraction of problems",
-            statistic=_mean_diff([float(r["mean_log_prob"]) for r in bon], [float(r["greedy"]) for r in bon]),
-            n_units=len(bon), target=0.0, op=">", unit="problem"))
+    for name, section, unit, signal, base, what, text, quantity in COMPETITORS:
+        items = [r for r in rows if r["section"] == section]
+        if items and signal in items[0]:
+            out.append(competitor(name, text, competitor=what, quantity=quantity, n_units=len(items),
+                                  statistic=_mean_diff([float(r[signal]) for r in items],
+                                                       [float(r[base]) for r in items]),
+                                  target=0.0, op=">", unit=unit))
     return out
 
 
