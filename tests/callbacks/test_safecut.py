@@ -168,9 +168,9 @@ def test_graph_choices_and_frozen_needs_an_encoder():
         assert za < zb - 1.0, choice  # the clustered labelling is the more reliable one on every graph
 
 
-def test_net_correction_counts_both_directions():
-    """An oracle second model and a first model that is wrong on half the samples: every taught
-    label into the first model fixes it; the net correction is +1."""
+def _clustered_oracle(wrong_every: int):
+    """Three clusters of 20 near-one-hot features, an oracle second model on them (logits and
+    ``forward_features``), and labels made wrong on every ``wrong_every``-th sample."""
     torch.manual_seed(0)
     n, c = 60, 3
     y = torch.arange(c).repeat_interleave(n // c)
@@ -184,9 +184,17 @@ def test_net_correction_counts_both_directions():
             return feats
 
     wrong = y.clone()
-    wrong[::2] = (wrong[::2] + 1) % c
+    wrong[::wrong_every] = (wrong[::wrong_every] + 1) % c
+    return y, feats, Oracle(), wrong
+
+
+def test_net_correction_counts_both_directions():
+    """An oracle second model and a first model that is wrong on half the samples: every taught
+    label into the first model fixes it; the net correction is +1."""
+    y, feats, oracle, wrong = _clustered_oracle(wrong_every=2)
+    n, c = 60, 3
     first_logits = torch.nn.functional.one_hot(wrong, c).float() * 10
-    cb = SafeCut(Oracle(), k=5, beta=0.0, im_weight=0.0, adapt_second=False, graph_features="second")
+    cb = SafeCut(oracle, k=5, beta=0.0, im_weight=0.0, adapt_second=False, graph_features="second")
     cb.on_loss(None, torch.nn.Module(), {"x": y, "y": y}, {"logits": first_logits, "features": torch.randn(n, 4)},
                torch.zeros(()))
     assert cb.counts["corrections"] > 0 and cb.counts["miscorrections"] == 0
@@ -195,7 +203,7 @@ def test_net_correction_counts_both_directions():
     assert cb.net_correction("second") != cb.net_correction("second")  # NaN: nothing taught to the second
     with pytest.raises(ValueError, match="`into`"):
         cb.net_correction("third")
-    assert SafeCut(Oracle()).net_correction() != SafeCut(Oracle()).net_correction()  # NaN before any label
+    assert SafeCut(oracle).net_correction() != SafeCut(oracle).net_correction()  # NaN before any label
 
 
 def test_a_second_model_without_forward_features_is_refused_unless_the_graph_is_frozen(tmp_path):
@@ -273,21 +281,9 @@ def test_a_zero_shot_clip_second_model_adapts_only_its_class_embeddings(tmp_path
 def test_z_separation_reads_right_and_wrong_labels():
     """An oracle second model on a clustered graph, a first model wrong on a third of the samples:
     wrong labels have the higher local z."""
-    torch.manual_seed(0)
-    n, c = 60, 3
-    y = torch.arange(c).repeat_interleave(n // c)
-    feats = torch.nn.functional.one_hot(y, c).float() * 5 + 0.1 * torch.randn(n, c)
-
-    class Oracle(torch.nn.Module):
-        def forward(self, x):
-            return torch.nn.functional.one_hot(y, c).float() * 10
-
-        def forward_features(self, x):
-            return feats
-
-    wrong = y.clone()
-    wrong[::3] = (wrong[::3] + 1) % c
-    cb = SafeCut(Oracle(), k=5, beta=0.0, im_weight=0.0, adapt_second=False, graph_features="second")
+    y, feats, oracle, wrong = _clustered_oracle(wrong_every=3)
+    c = 3
+    cb = SafeCut(oracle, k=5, beta=0.0, im_weight=0.0, adapt_second=False, graph_features="second")
     assert cb.z_separation() != cb.z_separation()  # NaN before labels
     cb.on_loss(None, torch.nn.Module(), {"x": y, "y": y},
                {"logits": torch.nn.functional.one_hot(wrong, c).float() * 10, "features": feats}, torch.zeros(()))
