@@ -24,7 +24,9 @@ episodes (the same for every method) give the rows:
 - ``global_prior``: the same NIW + head with the count-weighted prior of all bank entries (κ, ν₀ tuned);
 - ``oracle_prior``: the novel class's true statistics with the prior bank's settings (the headroom).
 
-Units are **novel-class splits × federation seeds** (quick: 3 × 2; full: 5 × 3).
+Units are **novel-class splits × federation seeds** (quick: 3 × 2; full: 5 × 3). Every novel class of a split
+but at most one has a family-mate among the base classes (:data:`SPLITS`); the one without tests that the gate
+falls back to the global prior (``gate_related`` / ``gate_unrelated`` in the rows).
 """
 
 from __future__ import annotations
@@ -36,17 +38,25 @@ import numpy as np
 import torch
 
 from lit_lowrank.benchmarks.harness import BenchmarkResult, claim, competitor, premise
-from lit_lowrank.datamodules.flows import DEFAULT_NOVEL, FlowsDataModule
+from lit_lowrank.datamodules.flows import DEFAULT_NOVEL, LABEL_FAMILIES, FlowsDataModule
 from lit_lowrank.federated.phrases import phrase_embeddings
 from lit_lowrank.federated.server import class_statistics, evaluate_client_episodes, run_federation
 from lit_lowrank.ops.fed_lowshot.prior_bank import gated_prior, global_prior, retrieve_prior
 
+#: Novel-class splits (units; quick runs the first three). Rule (issue #37: "related attack classes are
+#: statistically close, so a novel class has a relative in the bank"): every novel class but at most one has a
+#: family-mate (:data:`~lit_lowrank.datamodules.flows.LABEL_FAMILIES`) among the base classes, and splits 1–4 each
+#: hold one class with no relative at all (PortScan, Infiltration, Bot, Heartbleed: the gate must fall back to
+#: the global prior for it). Split 2 also holds Web Attack Brute Force, whose phrase is closer to the Patators'
+#: (another family) than to its web family-mates'. A former split of Bot, Infiltration, Heartbleed, Web Attack
+#: Brute Force and DoS GoldenEye (three classes with no relative) left retrieval no room: the card gives its
+#: measured distances.
 SPLITS: tuple[tuple[str, ...], ...] = (
     DEFAULT_NOVEL["cicids2017"],
     ("DoS Hulk", "DoS slowloris", "FTP-Patator", "Web Attack Sql Injection", "PortScan"),
-    ("Bot", "Infiltration", "Heartbleed", "Web Attack Brute Force", "DoS GoldenEye"),
-    ("DDoS", "PortScan", "SSH-Patator", "Web Attack Sql Injection", "DoS slowloris"),
-    ("Heartbleed", "Bot", "FTP-Patator", "Web Attack XSS", "DoS Hulk"),
+    ("Infiltration", "Web Attack Brute Force", "DoS GoldenEye", "DoS Slowhttptest", "FTP-Patator"),
+    ("DDoS", "Bot", "SSH-Patator", "Web Attack Sql Injection", "DoS slowloris"),
+    ("Heartbleed", "DoS Hulk", "FTP-Patator", "Web Attack XSS", "DoS Slowhttptest"),
 )
 #: Settings each tuned method draws from (``nu0`` as ``ν₀ − d − 1``, the prior covariance's pseudo-count).
 SPACES: dict[str, dict[str, tuple]] = {
@@ -128,21 +138,33 @@ def tune(result, dm, keys, clients: list[int], shots: int, episodes: int, seed: 
     return chosen
 
 
-def prior_distances(result, dm, keys, cfg: dict[str, Any]) -> dict[str, float]:
+def has_relative(label: str, base_names: list[str]) -> bool:
+    """Whether ``label`` has a family-mate (:data:`LABEL_FAMILIES`) among the base classes (a diagnostic: the
+    method never sees families, only phrases)."""
+    families = LABEL_FAMILIES["cicids2017"]
+    return any(families.get(b) == families.get(label) for b in base_names if b != label)
+
+
+def prior_distances(result, dm, keys, cfg: dict[str, Any]) -> dict[str, float | None]:
     """Mean over novel classes of ‖μ₀ − μ_c‖ for the raw top-k retrieval, the gated prior (what the method
-    uses, at its tuned settings) and the global prior (encoder features, the class mean over all clients' rows)."""
+    uses, at its tuned settings) and the global prior (encoder features, the class mean over all clients' rows);
+    the gate ``w`` averaged over the classes with a family-mate in the bank (``gate_related``) and over those
+    without (``gate_unrelated``, ``None`` when the split has none): the gate should open for the first and fall
+    back to the global prior for the second."""
     z = result.features(dm.novel_x)
     stats = class_statistics(z, dm.novel_y, range(len(dm.novel_names)))
     mu_g = global_prior(result.bank)[0]
-    out: dict[str, list[float]] = {"dist_retrieved": [], "dist_gated": [], "dist_global": [], "gate": []}
+    out: dict[str, list[float]] = {"dist_retrieved": [], "dist_gated": [], "dist_global": [], "gate": [],
+                                   "gate_related": [], "gate_unrelated": []}
     for c, (mu_c, _) in stats.items():
         mu_r = retrieve_prior(result.bank, keys[c], k=cfg["k"], temperature=cfg["temperature"])[0]
         mu_w, _, w = gated_prior(result.bank, keys[c], k=cfg["k"], temperature=cfg["temperature"],
                                  threshold=cfg["gate_threshold"])
+        related = "gate_related" if has_relative(dm.novel_names[c], dm.base_names) else "gate_unrelated"
         for key, value in (("dist_retrieved", (mu_r - mu_c).norm()), ("dist_gated", (mu_w - mu_c).norm()),
-                           ("dist_global", (mu_g - mu_c).norm()), ("gate", w)):
+                           ("dist_global", (mu_g - mu_c).norm()), ("gate", w), (related, w)):
             out[key].append(float(value))
-    return {key: float(np.mean(v)) for key, v in out.items()}
+    return {key: float(np.mean(v)) if v else None for key, v in out.items()}
 
 
 def _run(quick: bool, seed: int) -> BenchmarkResult:
@@ -306,5 +328,9 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 entry[method] = round(float(np.mean(vals)), 4)
         gates = [r["settings"]["gate_threshold"] for r in sel if r["method"] == "prior_bank"]
         entry["gate_threshold (median)"] = float(np.median(gates)) if gates else None
+        for key, label in (("gate_related", "gate w (family-mate in bank)"), ("gate_unrelated", "gate w (no relative)")):
+            ws = [r[key] for r in sel if r["method"] == "prior_bank" and r.get(key) is not None]
+            if ws:
+                entry[label] = round(float(np.mean(ws)), 3)
         out.append(entry)
     return out

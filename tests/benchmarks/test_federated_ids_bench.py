@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
+import torch
 
+from lit_lowrank.benchmarks import federated_ids as bench
 from lit_lowrank.benchmarks.federated_ids import DEFAULTS, SPACES, TRIALS, candidates, claims_and_controls, summary
 from lit_lowrank.benchmarks.harness import resolve
-from lit_lowrank.datamodules.flows import FlowsDataModule
+from lit_lowrank.datamodules.flows import LABEL_FAMILIES, FlowsDataModule
 from lit_lowrank.federated.phrases import phrase_embeddings
 from lit_lowrank.federated.server import METHODS, evaluate_client_episodes, run_federation
+from lit_lowrank.ops.fed_lowshot.prior_bank import PriorBank
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -67,3 +72,36 @@ def test_per_client_episodes_are_local_and_paired():
     assert clients >= 1
     assert all(len(v) == 2 * clients for v in scores.values())     # every method, the same episodes
     assert all(0.0 <= f <= 1.0 for v in scores.values() for f in v)
+
+
+def test_splits_give_novel_classes_relatives_and_one_gate_test():
+    singles = set()
+    for split in bench.SPLITS:
+        base = [c for c in LABEL_FAMILIES["cicids2017"] if c not in split]
+        lonely = [c for c in split if not bench.has_relative(c, base)]
+        assert len(lonely) <= 1                                  # the others have a family-mate in the bank
+        singles.update(lonely)
+    assert all(len([c for c in s if not bench.has_relative(c, [b for b in LABEL_FAMILIES["cicids2017"] if b not in s])]) == 1
+               for s in bench.SPLITS[1:])
+    assert singles == {"PortScan", "Infiltration", "Bot", "Heartbleed"}   # every class with no relative is a gate test
+    assert bench.has_relative("Web Attack XSS", ["Web Attack Sql Injection", "Bot"])
+    assert not bench.has_relative("Web Attack XSS", ["Web Attack XSS", "Bot"])
+
+
+def test_prior_distances_open_the_gate_for_a_relative_and_fall_back_without_one():
+    d = 4
+    mate, other = torch.tensor([4.0, 0, 0, 0]), torch.tensor([0, 0, 0, -4.0])
+    keys = torch.eye(3, 8)                                           # unit phrase keys of the two base entries
+    bank = PriorBank(keys=keys[:2], means=torch.stack([mate, other]), covs=torch.eye(d).repeat(2, 1, 1),
+                     counts=torch.tensor([10, 10]), labels=["Web Attack Sql Injection", "PortScan"])
+    q_rel = torch.nn.functional.normalize(keys[0] + 0.2 * keys[2], dim=0)   # cosine 0.98 to its mate
+    q_none = torch.nn.functional.normalize(0.2 * keys[0] + keys[2], dim=0)  # cosine 0.2 to anything
+    novel_x = torch.cat([mate + 0.5 + torch.zeros(3, d), torch.tensor([[0, 3.0, 0, 0]]).repeat(3, 1)])
+    dm = SimpleNamespace(novel_x=novel_x, novel_y=torch.tensor([0, 0, 0, 1, 1, 1]),
+                         novel_names=["Web Attack XSS", "Heartbleed"], base_names=bank.labels)
+    result = SimpleNamespace(features=lambda x: x, bank=bank)
+    out = bench.prior_distances(result, dm, torch.stack([q_rel, q_none]),
+                          {"k": 1, "temperature": 0.1, "gate_threshold": 0.5})
+    assert out["gate_related"] > 0.99 and out["gate_unrelated"] < 0.01
+    assert out["dist_gated"] < out["dist_global"]                    # the mate's prior is the closer one
+    assert out["dist_retrieved"] > out["dist_gated"]                 # the raw retrieval for Heartbleed is not
