@@ -1,25 +1,42 @@
-"""tomography benchmark: claims and the scrambled-phase control read per-seed rows; the scramble is a derangement."""
+"""tomography benchmark: claims and the scrambled-phase control read per-seed rows; the scramble is a derangement;
+the parity probe tells the even cat from the odd one on low-noise records."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
 from lit_lowrank.benchmarks.harness import resolve
-from lit_lowrank.benchmarks.tomography import SHOTS, claims_and_controls, scrambled, summary
+from lit_lowrank.benchmarks.tomography import (
+    HEADLINE,
+    NOISE,
+    SHOTS,
+    claims_and_controls,
+    parity_margin,
+    scrambled,
+    summary,
+)
+from lit_lowrank.ops.homodyne import phase_settings, sample_homodyne, two_mode_cat_state
 
 
-def _rows(msw1: dict[int, float], others: dict[str, float], scrambled_fid: float, margin: float = 0.01
-          ) -> list[dict]:
+def _rows(msw1: dict[int, float], others: dict[str, float], scrambled_fid: float, margin: float = 0.01,
+          high_margin: float | None = None) -> list[dict]:
     rows = []
     for seed, jitter in enumerate((0.0, 0.01, -0.01)):
         for shots in SHOTS:
-            rows.append({"method": "nn_msw1", "noise": "high", "shots": shots, "seed": seed,
-                         "fidelity": msw1[shots] + jitter, "parity_margin_max": margin + jitter / 10})
+            rows.append({"method": "nn_msw1", "noise": HEADLINE, "shots": shots, "seed": seed,
+                         "fidelity": msw1[shots] + jitter})
+            rows.append({"method": "parity_probe", "noise": HEADLINE, "shots": shots, "seed": seed,
+                         "parity_margin_max": margin + jitter / 10})
+            if high_margin is not None:  # quick mode's other setting: probes only, no fits
+                rows.append({"method": "parity_probe", "noise": "high", "shots": shots, "seed": seed,
+                             "parity_margin_max": high_margin + jitter / 10})
             for method, value in others.items():
-                rows.append({"method": method, "noise": "high", "shots": shots, "seed": seed,
+                rows.append({"method": method, "noise": HEADLINE, "shots": shots, "seed": seed,
                              "fidelity": value + jitter / 2})
-        rows.append({"method": "nn_msw1_scrambled", "noise": "high", "shots": SHOTS[-1], "seed": seed,
+        rows.append({"method": "nn_msw1_scrambled", "noise": HEADLINE, "shots": SHOTS[-1], "seed": seed,
                      "fidelity": scrambled_fid + jitter})
     return rows
 
@@ -32,7 +49,11 @@ def test_claims_and_control_follow_the_rows():
     assert [c["verdict"] for c in claims] == ["holds"] * len(claims) and len(claims) == 6
     assert all(c["n"] == 3 and c["unit"] == "seed" for c in claims)
     assert [c["verdict"] for c in controls] == ["fails"]
-    assert {c["for"] for c in competitors} == {"continuous", "vs_imle", "vs_lc"}
+    assert {c["for"] for c in competitors} == {"improves_1000_100000", "improves_10000_100000", "continuous",
+                                               "vs_imle", "vs_lc"}
+    # the warm start is flat over shots here (0.7): it does not match the improvement claims
+    resolved = resolve(claims, premises, competitors)
+    assert resolved[0]["name"] == "improves_1000_100000" and resolved[0]["matched_by"] == []
     # the improvement beyond standard iMLE's is the NN's gain minus iMLE's (flat here): 0.2
     continuous = next(c for c in claims if c.get("name") == "continuous")
     assert continuous["estimate"] == pytest.approx(0.2)
@@ -46,6 +67,34 @@ def test_claims_and_control_follow_the_rows():
                                                                         "10000 to 100000"] == "fails"
     assert controls[0]["verdict"] == "holds"
     assert {r["method"] for r in summary(_rows({1_000: 0.7, 10_000: 0.8, 100_000: 0.9}, others, 0.2))} >= {"imle"}
+
+
+def test_other_settings_parity_is_reported_but_required_by_no_claim():
+    others = {"nn_nll": 0.6, "imle": 0.5, "imle_rank1": 0.7, "imle_lc_rank1": 0.75}
+    rows = _rows({1_000: 0.7, 10_000: 0.8, 100_000: 0.9}, others, 0.2, high_margin=-0.01)
+    premises, claims, competitors, _ = claims_and_controls(rows)
+    names = [p["name"] for p in premises]
+    assert names == ["noise_floor", "msw1_parity_1000", "msw1_parity_100000", "msw1_parity_1000_high",
+                     "msw1_parity_100000_high"]
+    assert [p["verdict"] for p in premises[3:]] == ["fails", "fails"]
+    # the claims read the headline setting's premises only: the failing "high" ones change no verdict
+    assert [c["verdict"] for c in resolve(claims, premises, competitors)] == ["holds"] * 6
+    # summary rows skip the probes (they have no fidelity)
+    assert "parity_probe" not in {r["method"] for r in summary(rows)}
+
+
+@pytest.mark.parametrize("parity", [1, -1])
+def test_parity_probe_prefers_the_cat_that_made_the_records(parity):
+    """Low-noise records (the headline setting) of the even cat give MSW1(odd) > MSW1(even); of the odd cat, <."""
+    noise = NOISE[HEADLINE]
+    theta = phase_settings([k * math.pi / 4 for k in range(4)], 2)
+    x = sample_homodyne(two_mode_cat_state(1.5, 16, parity), theta, 4000, efficiency=noise["efficiency"],
+                        additive_noise=noise["additive_noise"], generator=torch.Generator().manual_seed(0))
+    batch = {"theta": theta.float(), "x": x.float(), "mask": torch.ones(x.shape[:2], dtype=torch.bool)}
+    margin = parity_margin(batch, 1.5, cutoff=8, grid_size=48, num_angles=16, refine_steps=4,
+                           efficiency=noise["efficiency"], additive_noise=noise["additive_noise"])
+    assert parity * margin["parity_margin_max"] > 0.02
+    assert parity * margin["parity_margin_mean"] > 0
 
 
 def test_unpaired_seeds_raise():
