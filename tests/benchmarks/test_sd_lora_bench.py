@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from lit_lowrank.benchmarks.harness import resolve
-from lit_lowrank.benchmarks.sd_lora import METHODS, _summary, claims_and_controls
+from lit_lowrank.benchmarks.sd_lora import METHODS, _summary, claims_and_controls, premise_gaps
 
 SHOTS = (1, 2, 4)
 
@@ -75,3 +75,17 @@ def test_summary_has_every_method_and_shot_count():
     summary = _summary(_rows(0.01, 0.0), SHOTS)
     assert [r["method"] for r in summary] == list(METHODS)
     assert set(summary[0]) >= {f"acc_{k}shot" for k in SHOTS} | {"acc_mean", "ece_mean"}
+
+
+def test_premise_gaps_per_shot_count_are_the_paired_differences():
+    rows = _rows(0.01, 0.0, teacher_edge=0.05, graph_edge=0.03)
+    for r in rows:  # the teacher loses at 1 shot only: the pooled premise hides it, the per-shot gap shows it
+        if r["method"] == "sd_lora" and r["shots"] == 1:
+            r["teacher_test_acc"] -= 0.2
+    gaps = premise_gaps(rows, SHOTS)
+    assert gaps["teacher_edge_1shot"] == pytest.approx(0.05 - 0.2, abs=1e-3)
+    assert gaps["teacher_edge_4shot"] == pytest.approx(0.05, abs=1e-3)
+    # the shuffled teacher is wobble-shifted the other way: the graph edge is 0.03 + 2·wobble per cell, mean 0.03
+    assert gaps["graph_edge_2shot"] == pytest.approx(0.03, abs=2e-3)
+    sd_row = next(r for r in _summary(rows, SHOTS) if r["method"] == "sd_lora")
+    assert sd_row["teacher_edge_1shot"] == gaps["teacher_edge_1shot"] and "graph_edge_4shot" in sd_row
