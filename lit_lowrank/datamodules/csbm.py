@@ -220,6 +220,83 @@ def regime_sbm(
     return Data(x=x, edge_index=edge_index, y=y, regime=regime, homophily=tuple(homophily))
 
 
+def periphery_sbm(
+    num_nodes: int = 600,
+    num_features: int = 100,
+    num_classes: int = 2,
+    periphery_fraction: float = 1 / 3,
+    periphery_degree: float = 3.0,
+    core_degree: float = 6.0,
+    core_homophily: float = 0.9,
+    feature_snr: float = 1.5,
+    seed: int = 0,
+) -> Data:
+    """A homophilous core with a heterophilous periphery: two regions that need opposite *operators*.
+
+    A class-balanced share ``periphery_fraction`` of the nodes is the periphery (``regime`` 0), the rest the
+    core (``regime`` 1). A core node has ``core_degree`` expected edges inside the core, a share
+    ``core_homophily`` of them to its own class (the rest spread over the other classes); a periphery node has
+    ``periphery_degree`` expected edges, **every one to a core node of another class**, and none inside the
+    periphery. Features are those of :func:`regime_sbm` (``feature_snr`` noise standard deviations between
+    two class centroids, the same in both regions: the region is not in the features).
+
+    Why no global filter serves both regions: a periphery node's neighbours are core nodes of other classes,
+    and their neighbours are mostly core nodes of those same classes, so every power ``Âᵏ`` (``k ≥ 1``) reads
+    the *other* classes at a periphery node and the node's own class at a core node. With two classes the
+    label vector with its sign flipped on the periphery is smooth on the graph, so a polynomial ``g(Â)``
+    recovers that flipped vector — wrong on every periphery node — while a per-node operator (low-pass in the
+    core, high-pass ``I − Â`` in the periphery) reads both regions right. Unlike the two-class ``±φ``
+    mixture of :func:`mixed_csbm`, ``Â²`` does not rescue the heterophilous region here: its two-hop paths
+    run through the homophilous core.
+
+    Returns:
+        ``Data(x, edge_index, y, regime (n,) long)``.
+
+    Example:
+        .. code-block:: python
+
+            data = periphery_sbm(600, seed=0)
+            local_homophily(data.edge_index, data.y)[data.regime == 0].mean()   # 0: all edges to other classes
+    """
+    if num_classes < 2:
+        raise ValueError(f"`num_classes`={num_classes}: expected >= 2.")
+    if not 0.0 < periphery_fraction < 1.0:
+        raise ValueError(f"`periphery_fraction`={periphery_fraction!r}: expected a fraction in (0, 1).")
+    if not 0.0 <= core_homophily <= 1.0:
+        raise ValueError(f"`core_homophily`={core_homophily!r}: expected a fraction in [0, 1].")
+    if periphery_degree < 0 or core_degree < 0:
+        raise ValueError(f"`periphery_degree`={periphery_degree!r}, `core_degree`={core_degree!r}: expected >= 0.")
+    n, C = num_nodes, num_classes
+    gen = torch.Generator().manual_seed(seed)
+    n_periphery = round(n * periphery_fraction)
+    n_core = n - n_periphery
+    if n_periphery < C or n_core < C:
+        raise ValueError(f"`num_nodes`={n}, `periphery_fraction`={periphery_fraction!r}: each region needs at least "
+                         f"`num_classes`={C} nodes.")
+    y = torch.arange(n) % C  # class-interleaved: the first n_periphery nodes are class-balanced
+    regime = (torch.arange(n) >= n_periphery).long()
+    perm = torch.randperm(n, generator=gen)
+    y, regime = y[perm], regime[perm]
+    p_pc = periphery_degree / (n_core * (C - 1) / C)             # periphery -> core node of another class
+    p_in = core_degree * core_homophily / (n_core / C)           # core -> core, same class
+    p_out = core_degree * (1 - core_homophily) / (n_core * (C - 1) / C)
+    for name, p in (("periphery_degree", p_pc), ("core_degree", max(p_in, p_out))):
+        if p > 1:
+            raise ValueError(f"`{name}`: an edge probability ({p:.3f}) exceeds 1; use more nodes or a lower degree.")
+
+    def prob(i: Tensor) -> Tensor:
+        core_i, core_j = regime[i, None] == 1, regime[None, :] == 1
+        same = y[i, None] == y[None, :]
+        core = torch.where(same, torch.tensor(p_in), torch.tensor(p_out))
+        return torch.where(core_i & core_j, core,
+                           torch.where((core_i != core_j) & ~same, torch.tensor(p_pc), torch.tensor(0.0)))
+
+    edge_index = _sample_edges(prob, n, gen)
+    centroids = torch.nn.functional.normalize(torch.randn(C, num_features, generator=gen), dim=1)
+    x = (feature_snr / math.sqrt(2) * centroids[y] + torch.randn(n, num_features, generator=gen)) / math.sqrt(num_features)
+    return Data(x=x, edge_index=edge_index, y=y, regime=regime, core_homophily=float(core_homophily))
+
+
 def _sample_edges(prob: Callable[[Tensor], Tensor], n: int, gen: torch.Generator) -> Tensor:
     """Undirected edges from upper-triangular Bernoulli draws with ``prob(rows) -> (len(rows), n)``,
     a block of rows at a time to bound memory."""

@@ -49,8 +49,18 @@ def test_routing_claim_reads_no_headroom_when_the_oracle_is_below_the_global_fil
 def test_aa_control_holds_when_the_copy_is_clearly_worse():
     """The A/A control is the routing claim's test on Castor vs itself: it can hold, and then the run is invalid."""
     d = json.loads(RESULT.read_text())
-    rows = _shifted(d, "castor_aa", "mixed", -0.3)
+    rows = _shifted(d, "castor_aa", "periphery", -0.3)
     _, controls, _, _ = _recompute(d, rows)
-    aa = next(c for c in controls if c["claim"].startswith("A/A") and "mixed" in c["claim"])
+    aa = next(c for c in controls if c["claim"].startswith("A/A") and "periphery" in c["claim"])
     assert aa["verdict"] == "holds"
     assert next(c for c in _recompute(d)[1] if c["claim"] == aa["claim"])["verdict"] != "holds"
+
+
+def test_routing_claim_is_measured_when_the_oracle_clears_the_global_filter():
+    """The gate opens too: with the oracle far above every global filter the routing claim reads its own CI."""
+    d = json.loads(RESULT.read_text())
+    rows = _shifted(d, "castor_oracle", "regions", 1.0)
+    claims, _, premises, competitors = _recompute(d, rows)
+    assert next(p for p in premises if p["name"] == "oracle_routes_regions")["verdict"] == "holds"
+    routing = next(c for c in resolve(claims, premises, competitors) if c.get("name") == "routing_regions")
+    assert routing["verdict"] in ("holds", "fails", "inconclusive") and not routing.get("premises_failed")

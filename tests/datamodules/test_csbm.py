@@ -143,3 +143,63 @@ def test_regime_sbm_errors_name_the_parameter(kwargs, match):
 
     with pytest.raises(ValueError, match=match):
         regime_sbm(**kwargs)
+
+
+def test_periphery_sbm_regions_have_their_homophily_degrees_and_balance():
+    from lit_lowrank.datamodules.csbm import periphery_sbm
+    from lit_lowrank.ops.graph_propagation import local_homophily
+
+    data = periphery_sbm(900, 50, num_classes=3, periphery_degree=3.0, core_degree=6.0, core_homophily=0.9, seed=0)
+    assert is_undirected(data.edge_index) and not contains_self_loops(data.edge_index)
+    periphery, core = data.regime == 0, data.regime == 1
+    assert int(periphery.sum()) == 300
+    assert torch.bincount(data.y[periphery], minlength=3).tolist() == [100, 100, 100]
+    src, dst = data.edge_index
+    # no edge inside the periphery; every periphery edge joins two classes
+    assert not (periphery[src] & periphery[dst]).any()
+    assert (data.y[src] != data.y[dst])[periphery[src]].all()
+    h = local_homophily(data.edge_index, data.y)
+    assert float(torch.nanmean(h[periphery])) == 0.0
+    # core: 6 core edges (90% own class) + 3·300/600 = 1.5 periphery edges (other classes)
+    assert float(torch.nanmean(h[core])) == pytest.approx(0.9 * 6 / 7.5, abs=0.04)
+    degree = torch.bincount(src, minlength=900).float()
+    assert float(degree[periphery].mean()) == pytest.approx(3.0, rel=0.15)
+    assert float(degree[core].mean()) == pytest.approx(7.5, rel=0.1)
+    again = periphery_sbm(900, 50, num_classes=3, seed=0)
+    assert torch.equal(again.edge_index, data.edge_index) and torch.equal(again.x, data.x)
+
+
+def test_periphery_sbm_every_power_of_the_adjacency_reads_the_other_class_in_the_periphery():
+    """The property that makes one global filter fail: Âᵏ Y (true one-hot labels) points to the node's own class
+    in the core and to another class in the periphery, for k = 1, 2, 3 — a polynomial of Â cannot be right in both."""
+    from lit_lowrank.datamodules.csbm import periphery_sbm
+    from lit_lowrank.ops.graph_propagation import normalized_adjacency
+
+    data = periphery_sbm(600, 20, num_classes=2, seed=3)
+    adj = normalized_adjacency(data.edge_index, 600).to_dense()
+    eye = torch.eye(600)
+    one_hot = torch.nn.functional.one_hot(data.y, 2).float()
+    periphery, core = data.regime == 0, data.regime == 1
+    for k in (1, 2, 3):
+        # Â has self loops: drop the node's own label from the k-th power to read the neighbourhood alone
+        walk = torch.linalg.matrix_power(adj, k)
+        reads = ((walk - torch.diag(torch.diag(walk))) @ one_hot).argmax(1) == data.y
+        assert float(reads[core].float().mean()) > 0.75, k
+        assert float(reads[periphery].float().mean()) < 0.25, k
+    # the per-node operator: high-pass in the periphery, low-pass in the core reads both regions (a periphery
+    # node without edges, ~e⁻³ of them, is a tie)
+    high = ((eye - adj) @ one_hot).argmax(1) == data.y
+    low = ((adj - eye * torch.diag(adj)) @ one_hot).argmax(1) == data.y
+    assert float(high[periphery].float().mean()) > 0.9 and float(low[core].float().mean()) > 0.75
+
+
+@pytest.mark.parametrize("kwargs, match", [({"num_classes": 1}, "num_classes"),
+                                           ({"periphery_fraction": 1.0}, "periphery_fraction"),
+                                           ({"core_homophily": 1.5}, "core_homophily"),
+                                           ({"periphery_degree": -1.0}, "periphery_degree"),
+                                           ({"num_nodes": 30, "core_degree": 40.0}, "exceeds 1")])
+def test_periphery_sbm_errors_name_the_parameter(kwargs, match):
+    from lit_lowrank.datamodules.csbm import periphery_sbm
+
+    with pytest.raises(ValueError, match=match):
+        periphery_sbm(**kwargs)
