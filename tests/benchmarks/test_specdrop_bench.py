@@ -22,18 +22,43 @@ def _params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def test_hydra_parameter_formula_matches_the_built_block(hierarchical):
-    model = bench.build_token_model("hydra_lora", hierarchical, 5, [c // 4 for c in range(20)])
+@pytest.mark.parametrize("k", [5, 20])
+def test_hydra_parameter_formula_matches_the_built_block(hierarchical, k):
+    model = bench.build_token_model("hydra_lora", hierarchical, k, [c * k // 20 for c in range(20)])
     width = model.block[0].base.out_features
-    assert _params(model.block) == models.hydra_params(models.D_MODEL, width, 5)
+    assert _params(model.block) == models.hydra_params(models.D_MODEL, width, k)
 
 
-def test_token_methods_are_parameter_matched(hierarchical):
-    mapping = [c // 4 for c in range(20)]
-    counts = {m: _params(bench.build_token_model(m, hierarchical, 5, mapping)) for m in (*bench.TUNED, *bench.CONTROLS)}
+@pytest.mark.parametrize("k", [5, 20])  # 20: the benchmark's one branch per category; 5: four categories a branch
+def test_token_methods_are_parameter_matched(hierarchical, k):
+    mapping = [c * k // 20 for c in range(20)]
+    counts = {m: _params(bench.build_token_model(m, hierarchical, k, mapping)) for m in (*bench.TUNED, *bench.CONTROLS)}
     reference = counts["specdrop"]
     for method, count in counts.items():
         assert abs(count - reference) / reference < 0.05, (method, count, reference)
+
+
+def _category_from_input(data: dict) -> float:
+    """Test accuracy of the nearest category centroid in input space (how cheaply x gives the tag)."""
+    centroids = torch.stack([data["x_train"][data["c_train"] == c].mean(0) for c in range(data["num_categories"])])
+    return float((torch.cdist(data["x_test"], centroids).argmin(1) == data["c_test"]).double().mean())
+
+
+def test_hierarchical_default_regime_hides_the_category_that_the_old_regime_gave_away():
+    # the tag must carry information the input does not give cheaply: mostly shared transforms, no offset
+    weak = [_category_from_input(bench.make_hierarchical(s)) for s in range(3)]
+    plain = [_category_from_input(bench.make_hierarchical(s, shared_transform=0.0, category_offset=0.5))
+             for s in range(3)]
+    assert max(weak) < 0.6 < 0.9 < min(plain), (weak, plain)  # chance is 1/20
+    # fully shared transforms: categories indistinguishable from the input
+    same = [_category_from_input(bench.make_hierarchical(s, shared_transform=1.0)) for s in range(3)]
+    assert sum(same) / 3 < 0.1
+    data = bench.make_hierarchical(0, per_class_train=2, per_class_val=1, per_class_test=3)
+    assert data["x_train"].shape == (200, 32) and data["y_test"].tolist() == [
+        5 * c + f for c in range(20) for f in range(5) for _ in range(3)]
+    assert torch.equal(data["c_val"], data["y_val"] // 5)
+    with pytest.raises(ValueError, match="shared_transform"):
+        bench.make_hierarchical(0, shared_transform=1.5)
 
 
 def test_unit_tags_give_every_member_of_a_unit_one_members_category():
@@ -53,7 +78,8 @@ def test_unit_tags_give_every_member_of_a_unit_one_members_category():
 def test_permuted_mapping_moves_every_category_to_another_branch():
     tasks = bench._tasks(bench.QUICK)
     hier, digits = bench.permuted_mapping(tasks["hierarchical"], 20), bench.permuted_mapping(tasks["digits"], 3)
-    assert all(w != c // 4 for c, w in enumerate(hier)) and sorted(set(hier)) == list(range(5))
+    assert tasks["hierarchical"].k == 20 and tasks["hierarchical"].mapping is None  # one branch per category
+    assert all(w != c for c, w in enumerate(hier)) and sorted(set(hier)) == list(range(20))
     assert digits == [1, 2, 0]
 
 
