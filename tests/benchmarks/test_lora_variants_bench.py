@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from lit_lowrank.benchmarks.lora_variants.condition_sweep import condition_run, tuned_lr
 
 
@@ -61,8 +63,58 @@ def test_finetune_runner_on_the_cached_minilm_top_layer_is_paired_by_seed():
     again = finetune_run(trunk, "sds_lora", 1e-2, 0, data, config)
     assert first["test_loss"] == again["test_loss"] and first["grad_erank"] == again["grad_erank"]
     assert 0 < first["grad_erank"] and -1 <= first["induced_cosine"] <= 1 and first["delta_stable_rank"] >= 1
-    full = finetune_run(trunk, "full", 1e-4, 0, data, config)
+    deltas: dict = {}
+    full = finetune_run(trunk, "full", 1e-4, 0, data, config, deltas=deltas)
     assert full["trainable"] > first["trainable"] and "grad_erank" not in full
+    # the learned ΔW of every target Linear, and only of those: a fit target for SaMA / LoRA / LoKr
+    assert sorted(n.rsplit(".", 1)[-1] for n in deltas) == ["dense", "dense", "dense", "key", "query", "value"]
+    assert all(d.abs().max() > 0 for d in deltas.values())
+    with pytest.raises(ValueError, match="deltas"):
+        finetune_run(trunk, "lora", 1e-4, 0, data, config, deltas={})
+
+
+def test_real_fit_tunes_on_a_held_out_matrix_and_pairs_units_by_seed_and_layer():
+    """The fit on full fine-tuning's ΔW: every method at LoRA's budget, units = (seed, layer), the tuning matrix
+    (seed 0's key) never a unit; exactly representable rank-1 targets are fitted well by LoRA."""
+    import torch
+
+    from lit_lowrank.benchmarks.lora_variants import _real_fit_rows
+
+    gen = torch.Generator().manual_seed(0)
+    names = [f"trunk.layer.0.attention.self.{k}" for k in ("query", "key", "value")]
+    bases = {n: torch.randn(16, 16, generator=gen) / 4 for n in names}
+    deltas = {s: {n: torch.outer(torch.randn(16, generator=gen), torch.randn(16, generator=gen)) * 1e-4
+                  for n in names} for s in (0, 1)}
+    rows, notes = _real_fit_rows(deltas, bases, ("lora", "lokr"), steps=60, rank=2)
+    assert sorted({r["unit"] for r in rows}) == ["0/query", "0/value", "1/query", "1/value"]
+    assert notes["fit_real_tuned_on"] == "seed 0, key"
+    assert all(r["target"] == "minilm_full_ft" for r in rows)
+    lora = [r for r in rows if r["method"] == "lora"]
+    assert all(r["parameters"] == 2 * 2 * 16 for r in lora)
+    assert max(r["rel_error"] for r in lora) < 0.3  # a rank-1 ΔW* (rescaled from 1e-4) is within LoRA's reach
+
+
+def test_sama_fit_claims_cover_the_decaying_and_the_real_targets_with_lokr_in_its_place():
+    from lit_lowrank.benchmarks._claims import resolve
+    from lit_lowrank.benchmarks.lora_variants import _competitors, _fit_claims
+
+    rows = []
+    for seed in range(3):
+        for method, err in (("lora", 0.5), ("lora_rank1", 0.8), ("sama", 0.4), ("mora", 0.6), ("lokr", 0.45)):
+            for target in ("full_rank", "decaying"):
+                rows.append({"section": "fit", "target": target, "method": method, "seed": seed,
+                             "rel_error": err * (1 + 0.01 * seed)})
+            for layer in ("query", "value"):
+                rows.append({"section": "fit", "target": "minilm_full_ft", "method": method, "seed": seed,
+                             "unit": f"{seed}/{layer}",
+                             "rel_error": (0.6 if method == "sama" else err) * (1 + 0.01 * seed)})
+    claims, controls = _fit_claims(rows)
+    by = {c["name"]: c for c in resolve(claims, [], _competitors(rows, []))}
+    assert by["sama_fit_vs_lora_decaying"]["verdict"] == "holds"
+    assert by["sama_fit_vs_lora_decaying"]["matched_by"]  # LoKr (0.45) also beats LoRA there
+    assert by["sama_fit_vs_lora_minilm_full_ft"]["verdict"] == "fails"  # SaMA 0.6 vs LoRA 0.5 on the real ΔW
+    assert by["sama_fit_vs_lora_minilm_full_ft"]["n"] == 6  # (seed, layer) units
+    assert all(c["verdict"] != "holds" for c in controls)
 
 
 def test_claims_need_a_kappa_that_slows_lora_and_a_gap_to_full_fine_tuning():

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import statistics
 import time
 from collections.abc import Sequence
@@ -279,15 +280,22 @@ def evaluate(model: nn.Module, split: Split, chunk: int = 128) -> dict[str, floa
     return {"loss": loss / n, "acc": correct / n}
 
 
+def _target_weights(model: nn.Module, target: str) -> dict[str, Tensor]:
+    return {n: m.weight.detach().clone() for n, m in model.named_modules()
+            if isinstance(m, nn.Linear) and re.search(target, n)}
+
+
 def finetune_run(trunk: nn.Module, method: str, lr: float, seed: int, data: dict[str, Split],
                  config: FinetuneConfig, lokr: dict[str, int] | None = None,
-                 train_labels: Tensor | None = None) -> dict[str, Any]:
+                 train_labels: Tensor | None = None, deltas: dict[str, Tensor] | None = None) -> dict[str, Any]:
     """Fine-tune one copy of ``trunk`` + a new head with ``method`` at body learning rate ``lr``; one row.
 
     Args:
         trunk: the pretrained trunk (deep-copied: never modified).
         data: ``{"train", "val", "test"}`` splits as :meth:`prepare` returned them.
         train_labels: replaces the training labels (a control: shuffled labels).
+        deltas: full fine-tuning only: filled with ``W_T − W_0`` of every Linear matching ``config.target``
+            (the real ``ΔW`` the matched-parameter fit section reads).
 
     Returns:
         ``method, lr, seed, trainable, val_loss, val_acc, test_loss, test_acc, train_loss`` (mean over the last
@@ -307,7 +315,10 @@ def finetune_run(trunk: nn.Module, method: str, lr: float, seed: int, data: dict
     body = _body_params(model, method)
     opt = torch.optim.AdamW([{"params": body, "lr": lr}, {"params": list(model.head.parameters()),
                                                           "lr": config.head_lr}], weight_decay=0.0)
+    if deltas is not None and method != "full":
+        raise ValueError(f"`deltas` is filled by full fine-tuning only, got method={method!r}.")
     start = delta_weights(model) if method != "full" else {}
+    before = _target_weights(model, config.target) if deltas is not None else {}
     train = data["train"]
     labels = train["y"] if train_labels is None else train_labels
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
@@ -339,6 +350,8 @@ def finetune_run(trunk: nn.Module, method: str, lr: float, seed: int, data: dict
                            "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
                            "train_loss": statistics.fmean(tail), "val_loss": val["loss"], "val_acc": val["acc"],
                            "test_loss": test["loss"], "test_acc": test["acc"], "sec_per_step": seconds}
+    if deltas is not None:
+        deltas.update({n: w - before[n] for n, w in _target_weights(model, config.target).items()})
     if method != "full":
         end = delta_weights(model)
         learned = [end[n] - start[n] for n in end]
