@@ -407,6 +407,12 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
     rows += [{"model": "dit_eps", "method": f"time_{k}", "round": i, "seconds": round(t, 5)}
              for k, ts in timed.items() for i, t in enumerate(ts)]
 
+    # the same DiT trained under v-prediction: its raw output moves from -x̂₀-like (coarse, low rank) at
+    # high noise to ε-like at low noise, so the abstract's rule (read the raw output) has rank to follow
+    dit_v, dit_v_info = train_digits_dit(seed=0, prediction_type="v_prediction")
+    v_rows, dit_v_extras, _ = _section(dit_v, inits, "dit_v", n, steps, seed, DIT_TARGET, False, classifier, quick)
+    rows += v_rows
+
     # the UNet (its 3x3 convs hold most of the MACs, so every conv is factored too) under v-prediction
     unet, unet_info = train_digits_unet(seed=0)
     inits = []
@@ -417,9 +423,10 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
     rows += unet_rows
 
     claims, controls, premises, competitors = _claims(rows, "dit_eps", "DiT ε: ", timing=True, signal=True)
-    for part, more in zip((claims, controls, premises, competitors),
-                          _claims(rows, "unet_v", "UNet v: ", timing=False, signal=False)):
-        part += more
+    for model, prefix in (("dit_v", "DiT v: "), ("unet_v", "UNet v: ")):
+        for part, more in zip((claims, controls, premises, competitors),
+                              _claims(rows, model, prefix, timing=False, signal=False)):
+            part += more
 
     def trained(info: dict[str, Any], recipe: dict[str, Any]) -> str:
         return (f"{recipe['steps']} AdamW steps (batch {recipe['batch']}, lr {recipe['lr']}, weight decay "
@@ -430,15 +437,20 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
     notes = {
         "dit_eps": f"DiT hidden 64 x 4 blocks, patch 2, eps-prediction, {trained(dit_info, TRAIN)}; DDIM {steps} "
                    f"steps, {n} evaluation draws; factored: the per-token Linear layers of the transformer blocks",
+        "dit_v": f"the same DiT architecture under v-prediction, {trained(dit_v_info, TRAIN)}; DDIM {steps} steps, "
+                 f"{n} evaluation draws, the same factored layers",
         "unet_v": f"UNet2DModel (32, 64) channels + attention, v-prediction, {trained(unet_info, TRAIN_UNET)}; DDIM "
                   f"{steps_u} steps, {n_u} evaluation draws; factored: every Linear and conv but the conditioning "
                   "layers",
         "calibration": f"{CAL} draws of other noise (SARA-DP warm-up, SARA-Online's tau); evaluation noise unseen",
         "dense_for_every_method": "conditioning layers (timestep / class embedders, adaLN modulation, time_emb_proj)",
-        "online": {m: e["online"] for m, e in (("dit_eps", dit_extras), ("unet_v", unet_extras))},
+        "online": {m: e["online"] for m, e in (("dit_eps", dit_extras), ("dit_v", dit_v_extras),
+                                               ("unet_v", unet_extras))},
         "online_signal": {"dit_eps": "x0 implied by the eps output (clean_sample_signal)",
+                          "dit_v": "the raw v output (the abstract's rule)",
                           "unet_v": "the raw v output (the abstract's rule)"},
-        "dp_step_gains": {m: e["step_gains"] for m, e in (("dit_eps", dit_extras), ("unet_v", unet_extras))},
+        "dp_step_gains": {m: e["step_gains"] for m, e in (("dit_eps", dit_extras), ("dit_v", dit_v_extras),
+                                                          ("unet_v", unet_extras))},
         "timing": f"DiT only, {rounds} interleaved rounds, {torch.get_num_threads()} thread",
     }
     return BenchmarkResult(rows, claims, controls, notes=notes, summary=_summary(rows), premises=premises,
