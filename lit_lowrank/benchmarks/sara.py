@@ -8,6 +8,11 @@ deterministic DDIM from fixed noise and labels. The factored layers are the per-
 layers of the transformer blocks (attention q/k/v/out and the MLP, ~90% of the MACs); the
 per-sample conditioning layers (timestep embedder, adaLN modulation), the patch embedding and the
 output projections stay dense **for every method**, so no baseline is a strawman that truncates them.
+The same DiT is trained a second time under **v-prediction** (``dit_v``): an ε output is noise-like at
+every step, so its effective rank barely moves (measured: ``dit_eps_output_rank_varies``), while a v
+output goes from −x̂₀-like (coarse, low rank) at high noise to ε-like at low noise — the room the
+abstract's premise needs, on a transformer, with SARA-Online reading the raw output as the abstract says.
+The UNet section (``unet_v``) is a second architecture under v-prediction.
 
 Units are **noise draws**: one sample per draw (noise + label), the same draws for every method.
 Quality is the per-sample error against the full-rank sampler from the same draw
