@@ -240,6 +240,28 @@ def _bisect(ratio_of: Any, budget: float, lo: float, hi: float, increasing: bool
     return lo if increasing else hi
 
 
+def dp_additivity(bench: _Bench, c: SARAController, schedule: np.ndarray, dp_samples: Tensor) -> dict[str, Any]:
+    """SARA-DP's error model against what sampling measures: the summed one-at-a-time errors the DP
+    minimises (``predicted``) and the mean per-draw error (``realised``), for its schedule and for every
+    level run at every (step, block); ``realised / predicted`` shows how additive the errors are."""
+    errors = c.calibration_errors
+    steps, blocks, _ = errors.shape
+
+    def predicted(s: np.ndarray) -> float:
+        return float(errors[np.arange(steps)[:, None], np.arange(blocks)[None, :], s].sum())
+
+    def entry(s: np.ndarray, samples: Tensor) -> dict[str, float]:
+        p, r = predicted(s), float(per_sample_error(samples, bench.reference).mean())
+        return {"predicted": round(p, 4), "realised": round(r, 4), "ratio": round(r / p, 3) if p > 0 else None}
+
+    out = {"dp": entry(schedule, dp_samples)}
+    for j, level in enumerate(c.levels[:-1]):
+        uniform = np.full_like(schedule, j)
+        c.set_schedule(uniform)
+        out[f"level_{level:g}"] = entry(uniform, bench.sample())
+    return out
+
+
 def evaluate_model(bench: _Bench, budget: float, combo_budget: float, quick: bool, seed: int,
                    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Rows of every method at ``budget`` (and the DP + fewer-steps pair at ``combo_budget``); the
@@ -269,8 +291,11 @@ def evaluate_model(bench: _Bench, budget: float, combo_budget: float, quick: boo
                            param=round(float(np.asarray(c.levels)[schedule].mean()), 4))
         schedule = c.calibrate(bench.calibration_sample, budget)
         gains = c.step_gains
-        rows += bench.rows("sara_dp", budget, bench.sample(), c.macs_ratio(), 1.0,
+        dp_samples = bench.sample()
+        rows += bench.rows("sara_dp", budget, dp_samples, c.macs_ratio(), 1.0,
                            param=round(float(np.asarray(c.levels)[schedule].mean()), 4))
+        additivity = dp_additivity(bench, c, schedule, dp_samples)
+        c.set_schedule(schedule)
         policies["sara_dp"] = (lambda c, s=schedule: c.set_schedule(s), steps)
         shuffled = schedule[rng.permutation(len(schedule))]
         c.set_schedule(shuffled)
@@ -324,7 +349,8 @@ def evaluate_model(bench: _Bench, budget: float, combo_budget: float, quick: boo
         rows += bench.rows("uniform+fewer_steps", budget, bench.sample(k_combo), c.macs_ratio(), k_combo / steps,
                            param=f"{k_combo} steps at {combo_budget:.0%}")
         policies["sara_dp+fewer_steps"] = (lambda c, s=schedule: c.set_schedule(s), k_combo)
-        extras = {"online": online, "dp_schedule": schedule.tolist(), "step_gains": [round(float(g), 3) for g in gains]}
+        extras = {"online": online, "dp_schedule": schedule.tolist(), "step_gains": [round(float(g), 3) for g in gains],
+                  "additivity": additivity}
     return rows, {"policies": policies, **extras}
 
 
@@ -455,6 +481,8 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
                           "dit_v": "the raw v output (the abstract's rule)",
                           "unet_v": "the raw v output (the abstract's rule)"},
         "dp_step_gains": {m: e["step_gains"] for m, e in (("dit_eps", dit_extras), ("dit_v", dit_v_extras),
+                                                          ("unet_v", unet_extras))},
+        "dp_additivity": {m: e["additivity"] for m, e in (("dit_eps", dit_extras), ("dit_v", dit_v_extras),
                                                           ("unet_v", unet_extras))},
         "timing": f"DiT only, {rounds} interleaved rounds, {torch.get_num_threads()} thread",
     }
