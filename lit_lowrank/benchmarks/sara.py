@@ -8,6 +8,11 @@ deterministic DDIM from fixed noise and labels. The factored layers are the per-
 layers of the transformer blocks (attention q/k/v/out and the MLP, ~90% of the MACs); the
 per-sample conditioning layers (timestep embedder, adaLN modulation), the patch embedding and the
 output projections stay dense **for every method**, so no baseline is a strawman that truncates them.
+The same DiT is trained a second time under **v-prediction** (``dit_v``): an ε output is noise-like at
+every step, so its effective rank barely moves (measured: ``dit_eps_output_rank_varies``), while a v
+output goes from −x̂₀-like (coarse, low rank) at high noise to ε-like at low noise — the room the
+abstract's premise needs, on a transformer, with SARA-Online reading the raw output as the abstract says.
+The UNet section (``unet_v``) is a second architecture under v-prediction.
 
 Units are **noise draws**: one sample per draw (noise + label), the same draws for every method.
 Quality is the per-sample error against the full-rank sampler from the same draw
@@ -235,6 +240,28 @@ def _bisect(ratio_of: Any, budget: float, lo: float, hi: float, increasing: bool
     return lo if increasing else hi
 
 
+def dp_additivity(bench: _Bench, c: SARAController, schedule: np.ndarray, dp_samples: Tensor) -> dict[str, Any]:
+    """SARA-DP's error model against what sampling measures: the summed one-at-a-time errors the DP
+    minimises (``predicted``) and the mean per-draw error (``realised``), for its schedule and for every
+    level run at every (step, block); ``realised / predicted`` shows how additive the errors are."""
+    errors = c.calibration_errors
+    steps, blocks, _ = errors.shape
+
+    def predicted(s: np.ndarray) -> float:
+        return float(errors[np.arange(steps)[:, None], np.arange(blocks)[None, :], s].sum())
+
+    def entry(s: np.ndarray, samples: Tensor) -> dict[str, float]:
+        p, r = predicted(s), float(per_sample_error(samples, bench.reference).mean())
+        return {"predicted": round(p, 4), "realised": round(r, 4), "ratio": round(r / p, 3) if p > 0 else None}
+
+    out = {"dp": entry(schedule, dp_samples)}
+    for j, level in enumerate(c.levels[:-1]):
+        uniform = np.full_like(schedule, j)
+        c.set_schedule(uniform)
+        out[f"level_{level:g}"] = entry(uniform, bench.sample())
+    return out
+
+
 def evaluate_model(bench: _Bench, budget: float, combo_budget: float, quick: bool, seed: int,
                    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Rows of every method at ``budget`` (and the DP + fewer-steps pair at ``combo_budget``); the
@@ -264,8 +291,11 @@ def evaluate_model(bench: _Bench, budget: float, combo_budget: float, quick: boo
                            param=round(float(np.asarray(c.levels)[schedule].mean()), 4))
         schedule = c.calibrate(bench.calibration_sample, budget)
         gains = c.step_gains
-        rows += bench.rows("sara_dp", budget, bench.sample(), c.macs_ratio(), 1.0,
+        dp_samples = bench.sample()
+        rows += bench.rows("sara_dp", budget, dp_samples, c.macs_ratio(), 1.0,
                            param=round(float(np.asarray(c.levels)[schedule].mean()), 4))
+        additivity = dp_additivity(bench, c, schedule, dp_samples)
+        c.set_schedule(schedule)
         policies["sara_dp"] = (lambda c, s=schedule: c.set_schedule(s), steps)
         shuffled = schedule[rng.permutation(len(schedule))]
         c.set_schedule(shuffled)
@@ -319,7 +349,8 @@ def evaluate_model(bench: _Bench, budget: float, combo_budget: float, quick: boo
         rows += bench.rows("uniform+fewer_steps", budget, bench.sample(k_combo), c.macs_ratio(), k_combo / steps,
                            param=f"{k_combo} steps at {combo_budget:.0%}")
         policies["sara_dp+fewer_steps"] = (lambda c, s=schedule: c.set_schedule(s), k_combo)
-        extras = {"online": online, "dp_schedule": schedule.tolist(), "step_gains": [round(float(g), 3) for g in gains]}
+        extras = {"online": online, "dp_schedule": schedule.tolist(), "step_gains": [round(float(g), 3) for g in gains],
+                  "additivity": additivity}
     return rows, {"policies": policies, **extras}
 
 
@@ -407,6 +438,12 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
     rows += [{"model": "dit_eps", "method": f"time_{k}", "round": i, "seconds": round(t, 5)}
              for k, ts in timed.items() for i, t in enumerate(ts)]
 
+    # the same DiT trained under v-prediction: its raw output moves from -x̂₀-like (coarse, low rank) at
+    # high noise to ε-like at low noise, so the abstract's rule (read the raw output) has rank to follow
+    dit_v, dit_v_info = train_digits_dit(seed=0, prediction_type="v_prediction")
+    v_rows, dit_v_extras, _ = _section(dit_v, inits, "dit_v", n, steps, seed, DIT_TARGET, False, classifier, quick)
+    rows += v_rows
+
     # the UNet (its 3x3 convs hold most of the MACs, so every conv is factored too) under v-prediction
     unet, unet_info = train_digits_unet(seed=0)
     inits = []
@@ -417,9 +454,10 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
     rows += unet_rows
 
     claims, controls, premises, competitors = _claims(rows, "dit_eps", "DiT ε: ", timing=True, signal=True)
-    for part, more in zip((claims, controls, premises, competitors),
-                          _claims(rows, "unet_v", "UNet v: ", timing=False, signal=False)):
-        part += more
+    for model, prefix in (("dit_v", "DiT v: "), ("unet_v", "UNet v: ")):
+        for part, more in zip((claims, controls, premises, competitors),
+                              _claims(rows, model, prefix, timing=False, signal=False)):
+            part += more
 
     def trained(info: dict[str, Any], recipe: dict[str, Any]) -> str:
         return (f"{recipe['steps']} AdamW steps (batch {recipe['batch']}, lr {recipe['lr']}, weight decay "
@@ -430,15 +468,22 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
     notes = {
         "dit_eps": f"DiT hidden 64 x 4 blocks, patch 2, eps-prediction, {trained(dit_info, TRAIN)}; DDIM {steps} "
                    f"steps, {n} evaluation draws; factored: the per-token Linear layers of the transformer blocks",
+        "dit_v": f"the same DiT architecture under v-prediction, {trained(dit_v_info, TRAIN)}; DDIM {steps} steps, "
+                 f"{n} evaluation draws, the same factored layers",
         "unet_v": f"UNet2DModel (32, 64) channels + attention, v-prediction, {trained(unet_info, TRAIN_UNET)}; DDIM "
                   f"{steps_u} steps, {n_u} evaluation draws; factored: every Linear and conv but the conditioning "
                   "layers",
         "calibration": f"{CAL} draws of other noise (SARA-DP warm-up, SARA-Online's tau); evaluation noise unseen",
         "dense_for_every_method": "conditioning layers (timestep / class embedders, adaLN modulation, time_emb_proj)",
-        "online": {m: e["online"] for m, e in (("dit_eps", dit_extras), ("unet_v", unet_extras))},
+        "online": {m: e["online"] for m, e in (("dit_eps", dit_extras), ("dit_v", dit_v_extras),
+                                               ("unet_v", unet_extras))},
         "online_signal": {"dit_eps": "x0 implied by the eps output (clean_sample_signal)",
+                          "dit_v": "the raw v output (the abstract's rule)",
                           "unet_v": "the raw v output (the abstract's rule)"},
-        "dp_step_gains": {m: e["step_gains"] for m, e in (("dit_eps", dit_extras), ("unet_v", unet_extras))},
+        "dp_step_gains": {m: e["step_gains"] for m, e in (("dit_eps", dit_extras), ("dit_v", dit_v_extras),
+                                                          ("unet_v", unet_extras))},
+        "dp_additivity": {m: e["additivity"] for m, e in (("dit_eps", dit_extras), ("dit_v", dit_v_extras),
+                                                          ("unet_v", unet_extras))},
         "timing": f"DiT only, {rounds} interleaved rounds, {torch.get_num_threads()} thread",
     }
     return BenchmarkResult(rows, claims, controls, notes=notes, summary=_summary(rows), premises=premises,

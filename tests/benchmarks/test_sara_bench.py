@@ -46,3 +46,31 @@ def test_online_claims_need_the_signals_rank_to_vary_and_competitors_are_attache
     resolved = {c["name"]: c for c in resolve(claims, premises, competitors)}
     assert resolved["m_online_uniform"]["verdict"] == "no_headroom"
     assert resolved["m_dp_uniform"]["verdict"] == "holds"
+
+
+def test_dp_additivity_sums_the_one_at_a_time_errors_of_each_schedule():
+    import torch
+
+    errors = np.arange(2 * 3 * 3, dtype=float).reshape(2, 3, 3) / 100  # (steps, blocks, levels)
+
+    class Controller:
+        calibration_errors, levels = errors, (0.25, 0.5, 1.0)
+
+        def set_schedule(self, s):
+            self.schedule = s
+
+    class Bench:
+        reference = torch.ones(4, 1, 2, 2)
+
+        def sample(self):  # error grows with the level index the schedule holds everywhere
+            return self.reference * (1 + 0.1 * (c.schedule[0, 0] + 1))
+
+    c = Controller()
+    schedule = np.array([[0, 1, 2], [2, 1, 0]])
+    out = bench.dp_additivity(Bench(), c, schedule, Bench.reference * 1.5)
+    assert out["dp"]["predicted"] == round(errors[0, 0, 0] + errors[0, 1, 1] + errors[0, 2, 2]
+                                           + errors[1, 0, 2] + errors[1, 1, 1] + errors[1, 2, 0], 4)
+    assert out["dp"]["realised"] == 0.5
+    assert set(out) == {"dp", "level_0.25", "level_0.5"}  # full rank (the last level) predicts 0: skipped
+    assert out["level_0.5"]["predicted"] == round(errors[:, :, 1].sum(), 4)
+    assert out["level_0.5"]["realised"] == 0.2
