@@ -90,8 +90,7 @@ class VBLLHead(nn.Module):
             (softmax of the mean logits: the MAP-like point prediction).
         num_samples: MC samples of the logits (head only: one backbone forward).
         sample_seed: seed of the MC samples in eval mode, so evaluation is
-            deterministic and each item's predictive independent of its batch (every item
-            gets the same ``num_samples`` standard-normal draws); ``None`` = the global RNG.
+            deterministic; ``None`` = the global RNG.
 
     .. code-block:: python
 
@@ -173,12 +172,11 @@ class VBLLHead(nn.Module):
             return mean.softmax(-1)
         if mode == "probit":
             return probit_softmax(mean, var)
+        shape = (self.num_samples, *mean.shape)
         if self.training or self.sample_seed is None:
-            noise = torch.randn((self.num_samples, *mean.shape), device=mean.device, dtype=mean.dtype)
-        else:  # evaluation: the same standard-normal draws for every item, so an item's predictive depends on the
-            # item only (not on its batch or its position in it) and metrics are reproducible
+            noise = torch.randn(shape, device=mean.device, dtype=mean.dtype)
+        else:  # evaluation: the same samples every call, so metrics are reproducible
             gen = torch.Generator(device=mean.device).manual_seed(self.sample_seed)
-            shape = (self.num_samples, *[1] * (mean.dim() - 1), mean.shape[-1])
             noise = torch.randn(shape, generator=gen, device=mean.device, dtype=mean.dtype)
         return (mean + var.sqrt() * noise).softmax(-1).mean(0)
 
