@@ -287,13 +287,17 @@ class PoLARVBLL(MethodCallback):
         self.landing_lambda = landing_lambda
         self._head: VBLLHead | None = None
 
-    def _num_train(self, trainer: pl.Trainer) -> int:
+    def _num_train(self, trainer: pl.Trainer, required: bool = True) -> int:
+        """``num_train`` or the datamodule's training-set size; when not ``required`` (evaluating: the size only
+        scales the training KL) and there is none to read, 1."""
         if self.num_train is not None:
             return self.num_train
         dm = getattr(trainer, "datamodule", None)
         try:
             return len(dm.train_dataloader().dataset)  # type: ignore[union-attr]
         except Exception as err:  # noqa: BLE001 - any failure means: the user must say it
+            if not required:
+                return 1
             raise ValueError("PoLARVBLL: `num_train`=None and the training-set size could not be read from the "
                              f"datamodule ({err}); pass num_train=<N>.") from err
 
@@ -301,10 +305,16 @@ class PoLARVBLL(MethodCallback):
         if stage != "fit" and any(isinstance(m, VBLLHead) for m in pl_module.modules()):
             self._head = find_vbll_head(pl_module)
             return
-        apply_polar_vbll(pl_module, num_train=self._num_train(trainer), head=self.head, adapter=self.adapter,
+        # validate/test/predict on a fresh module (e.g. `trainer.predict(model, dataloaders=..., ckpt_path=...)`, no
+        # datamodule): the head only needs its shape, the checkpoint fills it, and N does not enter the predictive
+        num_train = self._num_train(trainer, required=stage == "fit")
+        apply_polar_vbll(pl_module, num_train=num_train, head=self.head, adapter=self.adapter,
                          target_modules=self.target_modules, rank=self.rank, alpha=self.alpha,
                          head_kwargs=self.head_kwargs)
         self._head = find_vbll_head(pl_module)
+        if stage == "fit" and self._head.num_train != num_train:  # a head built earlier for another N (or none)
+            self._head.num_train = num_train
+            self._head.layer.regularization_weight = self._head.kl_scale / num_train
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.schedule is not None:

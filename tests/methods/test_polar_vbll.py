@@ -154,3 +154,32 @@ def test_mle_warm_start_trains_the_posterior_mean_and_adapters_first(tmp_path, o
     assert seen[2][0] != pytest.approx(seen[2][1])  # then the negative ELBO
     with pytest.raises(ValueError, match="warmup_steps"):
         PoLARVBLL(target_modules=TARGET, warmup_steps=-1)
+
+
+def test_a_checkpoint_evaluates_without_a_datamodule_and_fit_rescales_the_kl(tmp_path, one_thread):
+    """`trainer.predict(fresh_module, dataloaders=..., ckpt_path=...)` (no datamodule, so no training-set size: the
+    SmolLM2 run's evaluation path) builds the VBLL head, loads the checkpoint and predicts what the trained module
+    predicts; a later fit with a datamodule scales the KL by that datamodule's N, not the placeholder."""
+    dm = DigitsDataModule(batch_size=32)
+    module = _module()
+    trainer = _trainer(tmp_path, [PoLARVBLL(target_modules=TARGET, rank=4)], max_steps=3)
+    trainer.fit(module, datamodule=dm)
+    ckpt = tmp_path / "polar_vbll.ckpt"
+    trainer.save_checkpoint(ckpt)
+    loader = dm.test_dataloader()
+    module.eval()
+    with torch.no_grad():
+        expected = torch.cat([module(batch["x"]).softmax(-1) for batch in loader])
+
+    fresh = _module()
+    evaluator = pl.Trainer(callbacks=[PoLARVBLL(target_modules=TARGET, rank=4)], default_root_dir=tmp_path,
+                           logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+                           devices=1)
+    got = torch.cat(evaluator.predict(fresh, dataloaders=loader, ckpt_path=ckpt))
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(find_vbll_head(fresh).layer.W_mean, find_vbll_head(module).layer.W_mean)
+
+    _trainer(tmp_path, [PoLARVBLL(target_modules=TARGET, rank=4)], max_steps=1).fit(fresh, datamodule=dm)
+    n = len(dm.train_dataloader().dataset)
+    head = find_vbll_head(fresh)
+    assert head.num_train == n and head.layer.regularization_weight == pytest.approx(1 / n)
