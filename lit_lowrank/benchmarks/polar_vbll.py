@@ -25,6 +25,8 @@ split by NLL (never on test):
   remaining 250 steps), ``alternate_step`` (adapters / posterior every other step, same budget) and
   ``alternate_full`` (10-step phases, each block the full 250-step budget: 500 steps); each schedule at its own
   best prior scale is a row too (``polar_vbll[joint]`` ...).
+- ``polar_vbll_no_epistemic`` (ablation, a competitor): the selected PoLAR-VBLL net with its head's ``q(W)``
+  collapsed to the posterior mean (logit noise kept, :func:`without_epistemic`): what the weight posterior adds.
 - ``lora_vbll`` (ablation, no claim): the same warm start and VBLL head on LoRA adapters at PoLAR-VBLL's chosen
   schedule — it separates what the VBLL head does from what the PoLAR adapters do.
 
@@ -35,8 +37,8 @@ PoLAR-VBLL's schedule and prior scale.
 **Premises**: ``calibration_headroom`` (a temperature fitted on the *test* split lowers LoRA MLE's NLL: there is
 miscalibration to remove) for the ECE/NLL claims against LoRA MLE; ``ood_signal`` (the distance to the nearest
 training feature separates OOD digits better than LoRA MLE's max-softmax: the features carry the signal a Bayesian
-head could expose) for the OOD claim. **Competitors**: temperature scaling (for NLL and ECE), a 3-member ensemble
-(OOD), a reseeded LoRA MLE (accuracy).
+head could expose) for the OOD claim. **Competitors**: temperature scaling and PoLAR-VBLL without its weight
+posterior (for NLL and ECE), a 3-member ensemble (OOD), a reseeded LoRA MLE (accuracy).
 
 Rows per (method, seed): accuracy, ECE (15 bins, torchmetrics), NLL, Brier, OOD AUROC (score ``1 − max p``),
 backbone forwards per prediction and the chosen knob. Claims (paired over seeds, 95% t-intervals): PoLAR-VBLL has
@@ -214,6 +216,22 @@ def _mc(net: nn.Module, x: Tensor, samples: int, seed: int) -> Tensor:
 Predictor = Callable[[Tensor], Tensor]
 
 
+def without_epistemic(net: nn.Module) -> Predictor:
+    """``net``'s predictive with its VBLL head's ``q(W)`` collapsed to the posterior mean (logit noise kept):
+    compared with the full predictive, what the Bayesian posterior over the head's weights adds."""
+    head = find_vbll_head(net)
+
+    @torch.no_grad()
+    def predict(x: Tensor) -> Tensor:
+        saved = head.layer.W_logdiag.detach().clone()
+        head.layer.W_logdiag.fill_(-30.0)  # weight std e^-30: the mean alone
+        try:
+            return _softmax(net, x)
+        finally:
+            head.layer.W_logdiag.copy_(saved)
+    return predict
+
+
 def _best_on_validation(candidates: dict[float, Predictor], data: dict[str, Tensor]) -> tuple[float, Predictor]:
     """The knob value whose predictor has the lowest validation NLL."""
     knob = min(candidates, key=lambda k: _nll(candidates[k](data["val_x"]), data["val_y"]))
@@ -253,6 +271,7 @@ def _seed_rows(backbone: dict[str, Tensor], data: dict[str, Tensor], seed: int, 
              for s in PRIOR_SCALES}
     (sched, s), vbll = _best_on_validation({k: (lambda x, n=n: _softmax(n, x)) for k, n in vblls.items()}, data)
     predictors["polar_vbll"] = (vbll, 1, (sched, s))
+    predictors["polar_vbll_no_epistemic"] = (without_epistemic(vblls[sched, s]), 1, (sched, s))
     for name in SCHEDULES:  # each schedule at its own best prior scale (validation): the schedule comparison
         best, pred = _best_on_validation({k: (lambda x, n=n: _softmax(n, x)) for k, n in vblls.items()
                                           if k[0] == name}, data)
@@ -350,6 +369,14 @@ def _run(quick: bool, seed: int) -> BenchmarkResult:
         competitor("nll_vs_lora", "temperature-scaled LoRA MLE has lower NLL than LoRA MLE", competitor="one "
                    "temperature fitted on the validation split", quantity="nll(temp_scaled) − nll(lora_mle)",
                    **pair("nll", "temp_scaled", "lora_mle"), target=0.0, op="<"),
+        competitor("nll_vs_lora", "PoLAR-VBLL without its weight posterior has lower NLL than LoRA MLE",
+                   competitor="the same trained PoLAR-VBLL with q(W) collapsed to its mean (logit noise kept): the "
+                   "Bayesian part ablated", quantity="nll(polar_vbll_no_epistemic) − nll(lora_mle)",
+                   **pair("nll", "polar_vbll_no_epistemic", "lora_mle"), target=0.0, op="<"),
+        competitor("ece_vs_lora", "PoLAR-VBLL without its weight posterior has lower ECE than LoRA MLE",
+                   competitor="the same trained PoLAR-VBLL with q(W) collapsed to its mean (logit noise kept): the "
+                   "Bayesian part ablated", quantity="ece(polar_vbll_no_epistemic) − ece(lora_mle)",
+                   **pair("ece", "polar_vbll_no_epistemic", "lora_mle"), target=0.0, op="<"),
         competitor("ece_vs_lora", "temperature-scaled LoRA MLE has lower ECE than LoRA MLE", competitor="one "
                    "temperature fitted on the validation split", quantity="ece(temp_scaled) − ece(lora_mle)",
                    **pair("ece", "temp_scaled", "lora_mle"), target=0.0, op="<"),
@@ -373,7 +400,8 @@ def _run(quick: bool, seed: int) -> BenchmarkResult:
               **pair("ece", "lora_mle_twin", "lora_mle"), target=0.0, op="<"),
     ]
     summary = []
-    for method in (*METHODS, *(f"polar_vbll[{k}]" for k in SCHEDULES), "lora_mle_twin", "uniform",
+    for method in (*METHODS, *(f"polar_vbll[{k}]" for k in SCHEDULES), "polar_vbll_no_epistemic", "lora_mle_twin",
+                   "uniform",
                    "oracle_temperature", "feature_distance"):
         mine = [r for r in rows if r["method"] == method]
         line: dict[str, Any] = {"method": method, "seeds": len(mine)}
