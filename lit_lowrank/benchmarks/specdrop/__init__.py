@@ -45,7 +45,7 @@ and the batch order, the same for every method, so differences are paired.
 Specialisation is the per-branch pruning sensitivity ``S[c, k]`` (test-accuracy drop on
 category ``c`` when branch ``k`` is pruned) with the remaining branches' weights
 **renormalised** (:func:`~lit_lowrank.mixins.specdrop_analysis.ablate_branch`): without it,
-pruning SpecDrop's own branch (71% of the merge weight at K = 5) shrinks the output and
+pruning SpecDrop's own branch (1/(1 + (K − 1)·p_i) of the merge weight: 71% at K = 5, 34% at K = 20) shrinks the output and
 looks important even when all branches compute the same function. Summaries: the
 own-minus-other drop gap, and the fraction of diagonally dominant branch rows.
 
