@@ -65,6 +65,7 @@ from lit_lowrank.benchmarks.lora_variants.finetune import (
     finetune_run,
     lokr_matched_kwargs,
     select_lr,
+    target_weights,
     tweet_splits,
 )
 
@@ -240,8 +241,7 @@ def _finetune_section(model: str, methods: Sequence[str], seeds: Sequence[int], 
     if full_deltas is not None and "full" in selected:
         full_deltas.update({s: learned[selected["full"], s] for s in seeds})
         if full_bases is not None:
-            full_bases.update({f"trunk.{n}": m.weight.detach().clone() for n, m in trunk.named_modules()
-                               if isinstance(m, nn.Linear) and __import__("re").search(config.target, n)})
+            full_bases.update({f"trunk.{n}": w for n, w in target_weights(trunk, config.target).items()})
     lr = selected["lora"]
     gen = torch.Generator().manual_seed(12345)
     shuffled = data["train"]["y"][torch.randperm(len(data["train"]["y"]), generator=gen)]

@@ -280,7 +280,8 @@ def evaluate(model: nn.Module, split: Split, chunk: int = 128) -> dict[str, floa
     return {"loss": loss / n, "acc": correct / n}
 
 
-def _target_weights(model: nn.Module, target: str) -> dict[str, Tensor]:
+def target_weights(model: nn.Module, target: str) -> dict[str, Tensor]:
+    """Copies of the weights of every Linear in ``model`` whose name matches ``target``, by name."""
     return {n: m.weight.detach().clone() for n, m in model.named_modules()
             if isinstance(m, nn.Linear) and re.search(target, n)}
 
@@ -318,7 +319,7 @@ def finetune_run(trunk: nn.Module, method: str, lr: float, seed: int, data: dict
     if deltas is not None and method != "full":
         raise ValueError(f"`deltas` is filled by full fine-tuning only, got method={method!r}.")
     start = delta_weights(model) if method != "full" else {}
-    before = _target_weights(model, config.target) if deltas is not None else {}
+    before = target_weights(model, config.target) if deltas is not None else {}
     train = data["train"]
     labels = train["y"] if train_labels is None else train_labels
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
@@ -351,7 +352,7 @@ def finetune_run(trunk: nn.Module, method: str, lr: float, seed: int, data: dict
                            "train_loss": statistics.fmean(tail), "val_loss": val["loss"], "val_acc": val["acc"],
                            "test_loss": test["loss"], "test_acc": test["acc"], "sec_per_step": seconds}
     if deltas is not None:
-        deltas.update({n: w - before[n] for n, w in _target_weights(model, config.target).items()})
+        deltas.update({n: w - before[n] for n, w in target_weights(model, config.target).items()})
     if method != "full":
         end = delta_weights(model)
         learned = [end[n] - start[n] for n in end]
