@@ -37,6 +37,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from lit_lowrank.decoding.engine import check_feature_layers, fused_features
+
 #: Instruction templates; ``{text}`` is a document excerpt. Varied so the answers are not all one kind
 #: (continuations copy little from the prompt, summaries copy more: prompt lookup's best case).
 PROMPT_TEMPLATES: tuple[str, ...] = (
@@ -132,9 +134,16 @@ def greedy_continuations(model: torch.nn.Module, prompt_ids: list[list[int]], ma
 
 @torch.no_grad()
 def teacher_forced_outputs(model: torch.nn.Module, sequences: list[list[int]], batch_size: int = 8,
-                           dtype: torch.dtype = torch.float16) -> tuple[list[Tensor], list[Tensor]]:
-    """The model's last hidden states ``(T_i, H)`` (in ``dtype``) and argmax ``(T_i,)`` over each sequence."""
+                           dtype: torch.dtype = torch.float16,
+                           feature_layers: tuple[int, ...] | list[int] | None = None) -> tuple[list[Tensor], list[Tensor]]:
+    """The model's features ``(T_i, H * L)`` (in ``dtype``) and argmax ``(T_i,)`` over each sequence.
+
+    Features are the last hidden state (after the final norm, ``L = 1``) or, with ``feature_layers``,
+    the hidden states of those layers concatenated low to high (EAGLE-3's fused features; indices into
+    transformers' ``hidden_states``: ``0`` = embeddings, ``num_hidden_layers`` = the final, normed output).
+    """
     device = next(model.parameters()).device
+    layers = check_feature_layers(feature_layers, model.config.num_hidden_layers)
     feats: list[Tensor] = [torch.empty(0)] * len(sequences)
     argmax: list[Tensor] = [torch.empty(0)] * len(sequences)
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
@@ -145,8 +154,9 @@ def teacher_forced_outputs(model: torch.nn.Module, sequences: list[list[int]], b
         ids = torch.zeros(len(idx), width, dtype=torch.long)
         for r, i in enumerate(idx):  # right padding: causal attention never looks at it
             ids[r, : len(sequences[i])] = torch.tensor(sequences[i])
-        hidden = decoder(input_ids=ids.to(device)).last_hidden_state
-        top = head(hidden).argmax(-1)
+        out = decoder(input_ids=ids.to(device), output_hidden_states=layers is not None)
+        top = head(out.last_hidden_state).argmax(-1)
+        hidden = fused_features(out.hidden_states, out.last_hidden_state, layers)  # what TargetLM returns
         for r, i in enumerate(idx):
             n = len(sequences[i])
             feats[i], argmax[i] = hidden[r, :n].to(dtype).cpu(), top[r, :n].cpu()
@@ -157,39 +167,55 @@ def _cache_root() -> Path:
     return Path(os.environ.get("LIT_LOWRANK_CACHE") or Path.home() / ".cache" / "lit_lowrank")
 
 
+def _fingerprint(model: torch.nn.Module, ids: list[list[int]], max_new_tokens: int) -> str:
+    probe = next(model.parameters())
+    blob = {"ids": ids, "max_new": max_new_tokens, "config": model.config.to_dict(),
+            "weights": float(probe.detach().double().sum())}
+    return hashlib.sha1(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def _cached(path: Path, make: Any) -> Any:
+    if path.is_file():
+        return torch.load(path, weights_only=True)
+    value = make()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    torch.save(value, tmp)
+    os.replace(tmp, path)  # atomic: other processes share the cache root
+    return value
+
+
 def self_distillation_set(model: torch.nn.Module, tokenizer: Any, corpus: str = "lee", split: str = "train",
                           prompts: int | None = 192, max_new_tokens: int = 96, words: int = 60, seed: int = 0,
-                          cache_dir: str | os.PathLike | None = None, batch_size: int = 16) -> dict[str, Any]:
+                          cache_dir: str | os.PathLike | None = None, batch_size: int = 32,
+                          feature_layers: tuple[int, ...] | list[int] | None = None) -> dict[str, Any]:
     """Prompts, the target's greedy continuations, its features and argmax; cached on disk.
 
-    Returns ``{"prompt_ids": [[int]], "continuations": [[int]], "features": [(T_i, H) half],
-    "target_ids": [(T_i,) long]}`` where sequence ``i`` is ``prompt_ids[i] + continuations[i]``.
-    The cache key hashes the target's config and weights summary, the prompts and the settings.
+    Returns ``{"prompt_ids": [[int]], "continuations": [[int]], "features": [(T_i, H * L) half],
+    "target_ids": [(T_i,) long]}`` where sequence ``i`` is ``prompt_ids[i] + continuations[i]``
+    (``feature_layers``: see :func:`teacher_forced_outputs`). The answers and the features are cached
+    apart (keys hash the target's config and weights summary, the prompts and the settings), so
+    other feature layers reuse the answers.
 
     .. code-block:: python
 
         data = self_distillation_set(model, tokenizer, "lee", "train", prompts=192, max_new_tokens=96)
     """
+    layers = check_feature_layers(feature_layers, model.config.num_hidden_layers)
     texts = instruction_prompts(corpus, split, prompts, words, seed)
     ids = chat_prompt_ids(tokenizer, texts)
-    probe = next(model.parameters())
-    fingerprint = {"ids": ids, "max_new": max_new_tokens, "config": model.config.to_dict(),
-                   "weights": float(probe.detach().double().sum())}
-    key = hashlib.sha1(json.dumps(fingerprint, sort_keys=True, default=str).encode())
+    key = _fingerprint(model, ids, max_new_tokens)
     root = Path(cache_dir) if cache_dir is not None else _cache_root() / "drafter-distill"
-    path = root / f"{corpus}-{split}-{len(ids)}-{max_new_tokens}-{key.hexdigest()[:12]}.pt"
-    if path.is_file():
-        return torch.load(path, weights_only=True)
+    stem = f"{corpus}-{split}-{len(ids)}-{max_new_tokens}-{key}"
     eos = int(tokenizer.eos_token_id)
     pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos)
-    conts = greedy_continuations(model, ids, max_new_tokens, eos, pad, batch_size)
-    feats, argmax = teacher_forced_outputs(model, [p + c for p, c in zip(ids, conts)])
-    data = {"prompt_ids": ids, "continuations": conts, "features": feats, "target_ids": argmax}
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    torch.save(data, tmp)
-    os.replace(tmp, path)  # atomic: other processes share the cache root
-    return data
+    conts = _cached(root / f"answers-{stem}.pt",
+                    lambda: greedy_continuations(model, ids, max_new_tokens, eos, pad, batch_size))
+    tag = "last" if layers is None else "-".join(map(str, layers))
+    feats, argmax = _cached(root / f"features-{tag}-{stem}.pt",
+                            lambda: teacher_forced_outputs(model, [p + c for p, c in zip(ids, conts)],
+                                                           feature_layers=layers))
+    return {"prompt_ids": ids, "continuations": conts, "features": feats, "target_ids": argmax}
 
 
 def token_counts(data: dict[str, Any], vocab_size: int) -> Tensor:
@@ -243,6 +269,8 @@ class SelfDistillDataModule(pl.LightningDataModule):
         batch_size: windows per batch.
         seed: document split, excerpts and shuffling.
         assistant_only: score only positions that predict answer tokens (see :class:`DistillWindows`).
+        feature_layers: the target's hidden states to fuse as features (EAGLE-3: low, mid, high; see
+            :func:`teacher_forced_outputs`); ``None``: the last hidden state only.
 
     Batches carry ``input_ids``, ``doc_ids``, ``features`` (float) and ``target_ids`` (B, T), so the
     training module never runs the target.
@@ -250,7 +278,8 @@ class SelfDistillDataModule(pl.LightningDataModule):
 
     def __init__(self, target: str = "smollm2", corpus: str = "lee", prompts: int = 192, val_prompts: int = 16,
                  max_new_tokens: int = 96, seq_len: int = 64, batch_size: int = 8, seed: int = 0,
-                 num_workers: int = 0, assistant_only: bool = True) -> None:
+                 num_workers: int = 0, assistant_only: bool = True,
+                 feature_layers: list[int] | None = None) -> None:
         super().__init__()
         if prompts < 1 or val_prompts < 1 or max_new_tokens < 1 or seq_len < 2 or batch_size < 1:
             raise ValueError(f"SelfDistillDataModule: expected prompts, val_prompts, max_new_tokens, batch_size >= 1 "
@@ -260,6 +289,7 @@ class SelfDistillDataModule(pl.LightningDataModule):
         self.target, self.corpus, self.prompts, self.val_prompts = target, corpus, prompts, val_prompts
         self.max_new_tokens, self.seq_len, self.batch_size, self.seed = max_new_tokens, seq_len, batch_size, seed
         self.num_workers, self.assistant_only = num_workers, assistant_only
+        self.feature_layers = None if feature_layers is None else list(feature_layers)
         self.train_data: dict[str, Any] | None = None
         self.val_data: dict[str, Any] | None = None
 
@@ -280,7 +310,8 @@ class SelfDistillDataModule(pl.LightningDataModule):
     def _sets(self, model: torch.nn.Module, tokenizer: Any, split: str, n: int) -> dict[str, Any]:
         from lit_lowrank.datamodules.text import _source_names
 
-        parts = [self_distillation_set(model, tokenizer, c, split, n, self.max_new_tokens, seed=self.seed)
+        parts = [self_distillation_set(model, tokenizer, c, split, n, self.max_new_tokens, seed=self.seed,
+                                       feature_layers=self.feature_layers)
                  for c in _source_names(self.corpus)]
         return {k: [x for p in parts for x in p[k]] for k in parts[0]}
 

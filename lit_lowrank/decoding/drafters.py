@@ -102,6 +102,11 @@ class _ContextCache:
         return cols >= root - self.net.context_window
 
 
+def _feature_layers(net: BlockDrafterNet) -> tuple[int, ...] | None:
+    """The target states ``net`` fuses (what the engine asks the verifier for), ``None``: the last one."""
+    return None if net.fuse is None else tuple(net.feature_layers)
+
+
 class _DraftVocabulary:
     """The draft head's rows: the net's draft vocabulary, plus the sequence's prompt tokens when allowed.
 
@@ -172,6 +177,7 @@ class EagleDrafter(Drafter):
         if depth < 1 or topk < 1:
             raise ValueError(f"EagleDrafter: depth and topk must be >= 1, got depth={depth}, topk={topk}.")
         self.net, self.depth, self.topk = net.eval(), depth, topk
+        self.feature_layers = _feature_layers(net)
         self.context = _ContextCache(self.net)
         self.vocab = _DraftVocabulary(self.net, extend_vocab)
 
@@ -281,6 +287,7 @@ class SpecBlockDrafter(Drafter):
             raise ValueError(f"`max_branch` must be <= {RANK_BUCKET_EDGES[-1]} with the rank head, got {max_branch}.")
         self.net, self.blocks, self.expand, self.max_branch = net.eval(), blocks, expand, max_branch
         self.use_rank_head = use_rank_head and net.rank_head is not None
+        self.feature_layers = _feature_layers(net)
         self.context = _ContextCache(self.net)
         self.vocab = _DraftVocabulary(self.net, extend_vocab)
 

@@ -94,6 +94,29 @@ def _plain_head(model: nn.Module) -> bool:
     return callable(getattr(model, "get_decoder", None)) and callable(getattr(model, "get_output_embeddings", None))
 
 
+def check_feature_layers(feature_layers: tuple[int, ...] | list[int] | None, num_layers: int) -> tuple[int, ...] | None:
+    """``feature_layers`` as a validated tuple: increasing indices into ``hidden_states``, the last = ``num_layers``.
+
+    The last one must be the final (normed) output, so the fused features end with what the target's
+    own LM head reads (a drafter's output state imitates it). ``None`` / a lone final layer -> ``None``.
+    """
+    if feature_layers is None:
+        return None
+    layers = tuple(int(x) for x in feature_layers)
+    if not layers or list(layers) != sorted(set(layers)) or layers[0] < 0 or layers[-1] != num_layers:
+        raise ValueError(f"`feature_layers`={list(feature_layers)}: expected increasing hidden-state indices in "
+                         f"0..{num_layers}, ending with {num_layers} (the final, normed output).")
+    return None if len(layers) == 1 else layers
+
+
+def fused_features(hidden_states: tuple[Tensor, ...], last: Tensor, layers: tuple[int, ...] | None) -> Tensor:
+    """EAGLE-3's features: ``hidden_states[l]`` for the lower ``layers`` and ``last`` (the final normed
+    output), concatenated on the last dimension; ``last`` alone when ``layers`` is ``None``."""
+    if layers is None:
+        return last
+    return torch.cat([hidden_states[layer] for layer in layers[:-1]] + [last], -1)
+
+
 class TargetLM:
     """The verifier: a transformers causal LM with a KV cache it manages for one sequence.
 
@@ -104,6 +127,11 @@ class TargetLM:
 
     Args:
         model: a transformers ``*ForCausalLM`` (put in eval mode; gradients are off here).
+        feature_layers: the features returned beside the logits: ``None`` = the last hidden state
+            ``(N, H)``; indices into transformers' ``hidden_states`` ending with ``num_hidden_layers``
+            = those states concatenated ``(N, H * L)`` (EAGLE-3's fused features; the last ``H``
+            columns are still the last hidden state). The engine sets it from its drafter's
+            ``feature_layers``.
 
     .. code-block:: python
 
@@ -113,8 +141,9 @@ class TargetLM:
         target.keep([0, 2, 5])                                 # keep the accepted path only
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, feature_layers: tuple[int, ...] | list[int] | None = None) -> None:
         self.model = model.eval()
+        self.feature_layers = feature_layers
         self._split = _plain_head(model)
         self.decoder = model.get_decoder() if self._split else None
         self.head = model.get_output_embeddings() if self._split else None
@@ -122,6 +151,17 @@ class TargetLM:
             self._split, self.decoder, self.head = False, None, None
         self.cache: Any = None
         self._pending = 0
+
+    @property
+    def feature_layers(self) -> tuple[int, ...] | None:
+        """The hidden states fused into the returned features (``None``: the last one)."""
+        return self._feature_layers
+
+    @feature_layers.setter
+    def feature_layers(self, layers: tuple[int, ...] | list[int] | None) -> None:
+        if layers is not None:
+            layers = check_feature_layers(layers, int(self.model.config.num_hidden_layers))
+        self._feature_layers = layers
 
     @property
     def device(self) -> torch.device:
@@ -147,11 +187,11 @@ class TargetLM:
         return self.model.get_input_embeddings()(tokens)
 
     def logits(self, hidden: Tensor) -> Tensor:
-        """The LM head on last hidden states ``(..., H)`` (only for models with a plain head)."""
+        """The LM head on last hidden states ``(..., H)`` or fused features (their last ``H`` columns)."""
         if not self._split:
             raise RuntimeError(f"TargetLM.logits: {type(self.model).__name__} scales or caps its logits; "
                                "use forward() for its logits.")
-        return self.head(hidden)
+        return self.head(hidden[..., hidden.shape[-1] - self.head.in_features:])
 
     @torch.no_grad()
     def forward(self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor | None, cache: Any,
@@ -167,18 +207,24 @@ class TargetLM:
             last_only: logits of the last position only (``(1, V)``).
 
         Returns:
-            ``(logits (N or 1, V), hidden (N, H))``: hidden is the last hidden state (after the final norm).
+            ``(logits (N or 1, V), features (N, H))``: the last hidden state (after the final norm), or
+            the fused features of :attr:`feature_layers` ``(N, H * L)``.
         """
         mask = None if attention_mask is None else additive_mask(attention_mask, self.dtype)
+        layers = self.feature_layers
         with skip_decoder_layers(self.model, skip_layers):
             if self._split:
-                hidden = self.decoder(input_ids=input_ids[None], position_ids=position_ids[None],
-                                      attention_mask=mask, cache=cache, use_cache=True).last_hidden_state[0]
-                return self.head(hidden[-1:] if last_only else hidden), hidden
+                out = self.decoder(input_ids=input_ids[None], position_ids=position_ids[None], attention_mask=mask,
+                                   cache=cache, use_cache=True, output_hidden_states=layers is not None)
+                hidden = out.last_hidden_state[0]
+                feats = hidden if layers is None else fused_features(tuple(h[0] for h in out.hidden_states), hidden,
+                                                                     layers)
+                return self.head(hidden[-1:] if last_only else hidden), feats
             out = self.model(input_ids=input_ids[None], position_ids=position_ids[None], attention_mask=mask,
                              cache=cache, use_cache=True, output_hidden_states=True)
         logits = out.logits[0]
-        return (logits[-1:] if last_only else logits), out.hidden_states[-1][0]
+        states = tuple(h[0] for h in out.hidden_states)
+        return (logits[-1:] if last_only else logits), fused_features(states, states[-1], layers)
 
     @torch.no_grad()
     def hidden(self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor | None, cache: Any) -> Tensor:
@@ -353,6 +399,8 @@ class Drafter:
     """
 
     uses_features: bool = True
+    #: the target hidden states the drafter's features fuse (EAGLE-3); ``None``: the last one
+    feature_layers: tuple[int, ...] | None = None
 
     def reset(self) -> None:
         """A new sequence starts."""
@@ -542,6 +590,7 @@ class SpeculativeDecoder:
         start = time.perf_counter()
         target, drafter, budget = self.target, self.drafter, self.budget
         uses_features = bool(getattr(drafter, "uses_features", True))
+        target.feature_layers = getattr(drafter, "feature_layers", None) if uses_features else None
         logits, hidden = target.start(input_ids)
         stats = DecodeStats(prefill_seconds=time.perf_counter() - start)
         committed = _Committed(input_ids, max_new_tokens, budget + 1, hidden if uses_features else None, eos_token_id)

@@ -189,6 +189,7 @@ class HybridDrafter(Drafter):
         self.drafter, self.ngram, self.cost = drafter, ngram, cost
         self.model_budget, self.calibrate = model_budget, calibrate
         self.uses_features = bool(drafter is not None and getattr(drafter, "uses_features", True))
+        self.feature_layers = getattr(drafter, "feature_layers", None) if self.uses_features else None
         self.forget()
 
     def forget(self) -> None:

@@ -34,6 +34,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from lit_lowrank.core.logging import log_method
+from lit_lowrank.decoding.engine import fused_features
 from lit_lowrank.models.spec_drafter import BlockDrafterNet, MedusaHeads
 from lit_lowrank.tasks.language_model import CausalLMModule, block_causal_attention_mask
 
@@ -61,14 +62,19 @@ def _draft_vocab_ids(draft_vocab: int | str | None, vocab_size: int) -> tuple[Te
 
 @torch.no_grad()
 def target_outputs(target: torch.nn.Module, input_ids: Tensor, labels: Tensor | None = None,
-                   doc_ids: Tensor | None = None, position_ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """The target's last hidden states ``(B, T, H)`` and argmax ``(B, T)`` (``-100`` where ``labels`` is)."""
+                   doc_ids: Tensor | None = None, position_ids: Tensor | None = None,
+                   feature_layers: tuple[int, ...] | None = None) -> tuple[Tensor, Tensor]:
+    """The target's features ``(B, T, H)`` and argmax ``(B, T)`` (``-100`` where ``labels`` is).
+
+    Features: the last hidden state, or with ``feature_layers`` the fused states of those layers
+    ``(B, T, H * L)``, exactly as :class:`~lit_lowrank.decoding.engine.TargetLM` returns them.
+    """
     mask = None if doc_ids is None else block_causal_attention_mask(doc_ids, next(target.parameters()).dtype)
     out = target(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, output_hidden_states=True)
     argmax = out.logits.argmax(-1)
     if labels is not None:
         argmax = torch.where(labels == -100, torch.full_like(argmax, -100), argmax)
-    return out.hidden_states[-1], argmax
+    return fused_features(out.hidden_states, out.hidden_states[-1], feature_layers), argmax
 
 
 class DrafterDistillModule(pl.LightningModule):
@@ -166,10 +172,11 @@ class DrafterDistillModule(pl.LightningModule):
         if "features" in batch and "target_ids" in batch:
             features, target_ids = batch["features"], batch["target_ids"]
         else:
+            layers = None if isinstance(self.drafter, MedusaHeads) else self.drafter.feature_layers
             features, target_ids = target_outputs(self.target, input_ids, batch.get("labels"), doc_ids,
-                                                  batch.get("position_ids"))
-        if isinstance(self.drafter, MedusaHeads):
-            return self.drafter.training_loss(features, target_ids, doc_ids)
+                                                  batch.get("position_ids"), layers)
+        if isinstance(self.drafter, MedusaHeads):  # Medusa reads the last hidden state (the last H columns)
+            return self.drafter.training_loss(features[..., -self.drafter.config["hidden_size"]:], target_ids, doc_ids)
         embeds = self.target.get_input_embeddings()(input_ids).detach()
         return self.drafter.training_loss(embeds, features.to(embeds.dtype), target_ids, doc_ids, expand_at)
 

@@ -170,6 +170,11 @@ class BlockDrafterNet(nn.Module):
         head_norm: an RMSNorm before the LM head. With features taken after the target's final
             norm (as here) and the target's head frozen, ``False`` keeps the logits at the target's
             scale (a fresh norm would flatten them by the features' RMS).
+        feature_layers: EAGLE-3's fused features: the target hidden states (indices into
+            transformers' ``hidden_states``, low to high, the last = the final normed output) a block
+            start reads, concatenated ``(.., H * L)`` and fused by a linear map to ``H``. A start at a
+            drafted node reads the drafter's own output ``g`` ``(.., H)`` instead (training-time test).
+            ``None``: the last hidden state only (EAGLE-1/2).
 
     .. code-block:: python
 
@@ -182,7 +187,7 @@ class BlockDrafterNet(nn.Module):
                  num_heads: int = 4, intermediate_size: int | None = None, layer_shift: bool = True,
                  rank_head: bool = True, valid_prefix: bool = True, draft_vocab_size: int | None = None,
                  context_window: int = 16, feature_loss_weight: float = 0.5, rope_theta: float = 10000.0,
-                 head_norm: bool = True) -> None:
+                 head_norm: bool = True, feature_layers: list[int] | None = None) -> None:
         super().__init__()
         if block_size < 1:
             raise ValueError(f"`block_size` must be >= 1, got {block_size}.")
@@ -192,7 +197,15 @@ class BlockDrafterNet(nn.Module):
                            num_layers=num_layers, num_heads=num_heads, intermediate_size=intermediate_size,
                            layer_shift=layer_shift, rank_head=rank_head, valid_prefix=valid_prefix,
                            draft_vocab_size=draft_vocab_size, context_window=context_window,
-                           feature_loss_weight=feature_loss_weight, rope_theta=rope_theta, head_norm=head_norm)
+                           feature_loss_weight=feature_loss_weight, rope_theta=rope_theta, head_norm=head_norm,
+                           feature_layers=None if feature_layers is None else [int(x) for x in feature_layers])
+        self.hidden_size = hidden_size
+        self.feature_layers = self.config["feature_layers"]
+        n_feat = 1 if feature_layers is None else len(feature_layers)
+        if n_feat < 1:
+            raise ValueError("`feature_layers` must name at least one layer (or be None).")
+        # EAGLE-3: low/mid/high target states fused to one H-vector before the usual fc([e; f])
+        self.fuse = nn.Linear(n_feat * hidden_size, hidden_size, bias=False) if n_feat > 1 else None
         self.block_size, self.context_window = block_size, context_window
         self.valid_prefix, self.feature_loss_weight = valid_prefix, feature_loss_weight
         self.vocab_size, self.head_norm = vocab_size, head_norm
@@ -230,9 +243,24 @@ class BlockDrafterNet(nn.Module):
             self.norm.weight.copy_(final_norm_weight)
 
     # ------------------------------------------------------------------ forward pieces
+    @property
+    def feature_size(self) -> int:
+        """Width of the target features a block start reads (``H`` times the fused layers)."""
+        return self.hidden_size * (1 if self.fuse is None else len(self.feature_layers))
+
     def input_states(self, token_embeds: Tensor, features: Tensor) -> Tensor:
-        """``fc([e(x); f])``: the input state of a block start."""
-        return self.fc(torch.cat([token_embeds, features.to(token_embeds.dtype)], -1))
+        """``fc([e(x); f])``: the input state of a block start.
+
+        ``features`` is the target's (``(.., feature_size)``, fused first when several layers) or a
+        drafted node's own output state ``g`` (``(.., H)``).
+        """
+        features = features.to(token_embeds.dtype)
+        if self.fuse is not None and features.shape[-1] == self.feature_size:
+            features = self.fuse(features)
+        elif features.shape[-1] != self.hidden_size:
+            raise ValueError(f"input_states: features of width {features.shape[-1]}, expected the target's "
+                             f"{self.feature_size} or a drafted state's {self.hidden_size}.")
+        return self.fc(torch.cat([token_embeds, features], -1))
 
     def run(self, h: Tensor, positions: Tensor, mask: Tensor, past: list[tuple[Tensor, Tensor]] | None = None,
             shift_src: Tensor | None = None) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
@@ -265,7 +293,8 @@ class BlockDrafterNet(nn.Module):
 
         Args:
             token_embeds: ``(B, T, H)`` target embeddings of the tokens ``x``.
-            features: ``(B, T, H)`` target last hidden states ``f`` (``f_t`` produced ``x_{t+1}``).
+            features: ``(B, T, feature_size)`` target features ``f`` (``f_t`` produced ``x_{t+1}``); the
+                last ``H`` columns are the last hidden state, which ``g`` regresses onto.
             target_ids: ``(B, T)`` the target's argmax at each position (``-100`` to ignore).
             doc_ids: optional ``(B, T)``: no block crosses a document boundary.
             expand_at: block-2 start position ``j*`` (``-1``: random in ``1..K``; ``None``: no block 2).
@@ -280,10 +309,12 @@ class BlockDrafterNet(nn.Module):
             ``(loss, parts)`` with ``ce``, ``feature``, ``rank``, ``acc1`` (block-position-1
             accuracy) and ``valid_fraction``.
         """
-        b, t, hdim = features.shape
-        if token_embeds.shape != features.shape or target_ids.shape != (b, t):
+        b, t, fdim = features.shape
+        hdim = self.hidden_size
+        if token_embeds.shape != (b, t, hdim) or fdim != self.feature_size or target_ids.shape != (b, t):
             raise ValueError(f"training_loss: token_embeds {tuple(token_embeds.shape)}, features "
-                             f"{tuple(features.shape)}, target_ids {tuple(target_ids.shape)} do not match (B, T, H).")
+                             f"{tuple(features.shape)}, target_ids {tuple(target_ids.shape)} do not match (B, T, H), "
+                             f"(B, T, {self.feature_size}), (B, T).")
         k = self.block_size
         s = t - 1  # starts: t = 0..T-2 (x_{t+1} must exist)
         if expand_at == -1:
@@ -337,7 +368,8 @@ class BlockDrafterNet(nn.Module):
             chains.append(torch.cat([lay["block1"][:, :expand_at], lay["block2"]], 1))
         ce_all = F.cross_entropy(logits.flatten(0, 1).float(), tgt_draft.flatten().clamp(min=0), reduction="none")
         ce_all = ce_all.view(b, n)
-        feat_err = F.smooth_l1_loss(g.float(), features[:, feat_idx].float(), reduction="none").mean(-1)
+        last = features[..., fdim - hdim:]  # the final hidden state the head reads
+        feat_err = F.smooth_l1_loss(g.float(), last[:, feat_idx].float(), reduction="none").mean(-1)
         buckets = rank_bucket_targets(logits.detach(), tgt_draft)
         rank_logits = self.bucket_logits(g)
         ce_sum = feat_sum = rank_sum = mask_sum = valid_sum = rank_count = 0.0

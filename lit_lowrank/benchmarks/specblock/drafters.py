@@ -23,10 +23,15 @@ from typing import Any
 import torch
 
 #: Training data of every drafter (SelfDistillDataModule arguments).
-DATA: dict[str, Any] = dict(target="smollm2", corpus="lee", prompts=240, val_prompts=16, max_new_tokens=96,
-                            seq_len=64, batch_size=4, seed=0, assistant_only=True)
+#: EAGLE-3's recipe at this scale: 10x the first set (1,200 instructions per corpus over the Lee and text8
+#: training documents, ~210k answer tokens), the target's low / mid / high states fused (layers 2, 15 and
+#: the final output of 30), answer positions scored only.
+FEATURE_LAYERS = [2, 15, 30]
+DATA: dict[str, Any] = dict(target="smollm2", corpus="lee+text8", prompts=1200, val_prompts=24, max_new_tokens=96,
+                            seq_len=64, batch_size=8, seed=0, assistant_only=True, feature_layers=FEATURE_LAYERS)
 # one SmolLM2-sized decoder layer; its head reads the features as the target's head does (no fresh norm)
-_LAYER = dict(num_layers=1, num_heads=9, intermediate_size=1536, context_window=16, head_norm=False)
+_LAYER = dict(num_layers=1, num_heads=9, intermediate_size=1536, context_window=16, head_norm=False,
+              feature_layers=FEATURE_LAYERS)
 #: DrafterDistillModule arguments per drafter (sized as in their papers relative to the target).
 DRAFTERS: dict[str, dict[str, Any]] = {
     "eagle": dict(architecture="block", draft_vocab="top:4096",
@@ -37,7 +42,7 @@ DRAFTERS: dict[str, dict[str, Any]] = {
 }
 #: Optimiser and trainer settings (the same for every drafter).
 OPTIM: dict[str, Any] = dict(lr=1e-3, weight_decay=0.0, pct_start=0.1)
-STEPS: dict[str, int] = {"eagle": 200, "specblock": 200, "medusa": 600}
+STEPS: dict[str, int] = {"eagle": 1000, "specblock": 1000, "medusa": 1000}  # ~1 epoch of the set at batch 8
 SEED = 0
 
 
