@@ -86,8 +86,9 @@ def test_benchmark_drafter_cache_refuses_a_pickled_payload(tmp_path, monkeypatch
 @pytest.mark.slow
 def test_shipped_drafters_are_current_and_decode_smollm2_losslessly():
     """The committed drafters match today's training settings (the benchmark and users load them instead of
-    training) and, on SmolLM2, speculative decoding with them returns greedy `generate`'s tokens."""
-    from lit_lowrank.benchmarks.specblock.drafters import settings_key
+    training); on SmolLM2, speculative decoding with them returns greedy `generate`'s tokens, and the reloaded
+    file reproduces the τ measured when it was written."""
+    from lit_lowrank.benchmarks.specblock.drafters import TAU_CHECK, settings_key, shipped_tau
     from lit_lowrank.decoding import EagleDrafter, SpecBlockDrafter, speculative_generate
     from lit_lowrank.decoding.distill_data import chat_prompt_ids, instruction_prompts
     from lit_lowrank.decoding.shipped import load_drafter
@@ -98,12 +99,15 @@ def test_shipped_drafters_are_current_and_decode_smollm2_losslessly():
         assert read_metadata(shipped_path(name))["key"] == settings_key(name), f"{name}: re-run ship_drafter"
     model, tokenizer = load_smollm2()
     prompt = torch.tensor(chat_prompt_ids(tokenizer, instruction_prompts("lee", "test", 1))[0]).unsqueeze(0)
-    greedy = model.generate(prompt, max_new_tokens=16, do_sample=False)
-    drafters = {"specblock": lambda net: SpecBlockDrafter(net, blocks=1, expand=4),
-                "eagle": lambda net: EagleDrafter(net, depth=4, topk=4)}
+    n = TAU_CHECK["max_new_tokens"]
+    greedy = model.generate(prompt, max_new_tokens=n, do_sample=False)
+    drafters = {"specblock": lambda net: SpecBlockDrafter(net, **TAU_CHECK["specblock"]),
+                "eagle": lambda net: EagleDrafter(net, **TAU_CHECK["eagle"])}
     for name, make in drafters.items():
-        drafter = make(load_drafter(name, model))
-        out, stats = speculative_generate(model, prompt, max_new_tokens=16, drafter=drafter, do_sample=False,
+        net = load_drafter(name, model)
+        out, stats = speculative_generate(model, prompt, max_new_tokens=n, drafter=make(net), do_sample=False,
                                           return_stats=True)
         assert torch.equal(out, greedy), name
         assert stats.mean_acceptance_length > 1.0, (name, stats)  # some drafts were accepted
+        stored = read_metadata(shipped_path(name))["info"]["tau_check"]
+        assert shipped_tau(name, net, model, tokenizer) == pytest.approx(stored, abs=1e-6), name

@@ -140,12 +140,37 @@ def ship_drafter(name: str) -> Path:
 
         python -c "from lit_lowrank.benchmarks.specblock.drafters import ship_drafter; ship_drafter('specblock')"
     """
-    from lit_lowrank.decoding.shipped import save_drafter, shipped_path
+    from lit_lowrank.decoding.shipped import load_drafter_file, save_drafter, shipped_path
     from lit_lowrank.models.pretrained import load_smollm2
 
     net, info = trained_drafter(name)
-    model, _ = load_smollm2()
+    model, tokenizer = load_smollm2()
     keep = {k: v for k, v in info.items() if k not in ("cached", "shipped")}
     path = shipped_path(name)
-    save_drafter(net, path, key=settings_key(name), info=keep, target_head=model.get_output_embeddings().weight)
+    head = model.get_output_embeddings().weight
+    save_drafter(net, path, key=settings_key(name), info=keep, target_head=head)
+    # τ of the file as stored (float16 weights), so a reload can be checked against it
+    keep["tau_check"] = shipped_tau(name, load_drafter_file(path, model)[0], model, tokenizer)
+    save_drafter(net, path, key=settings_key(name), info=keep, target_head=head)
     return path
+
+
+#: how :func:`shipped_tau` decodes with each shipped drafter
+TAU_CHECK = dict(prompt_split="test", max_new_tokens=16, specblock=dict(blocks=1, expand=4), eagle=dict(depth=4, topk=4),
+                 budget=8)
+
+
+def shipped_tau(name: str, net: torch.nn.Module, model: torch.nn.Module, tokenizer: Any) -> float:
+    """τ (tokens per target forward) of drafter ``name`` on the first Lee test instruction, greedy, 16 tokens.
+
+    Stored in a shipped file's metadata (``info["tau_check"]``) so a reload can be shown to reproduce it.
+    """
+    from lit_lowrank.decoding import EagleDrafter, SpecBlockDrafter, SpeculativeDecoder
+    from lit_lowrank.decoding.distill_data import chat_prompt_ids, instruction_prompts
+
+    prompt = torch.tensor(chat_prompt_ids(tokenizer, instruction_prompts("lee", TAU_CHECK["prompt_split"], 1))[0])
+    drafter = (SpecBlockDrafter(net, **TAU_CHECK["specblock"]) if name == "specblock"
+               else EagleDrafter(net, **TAU_CHECK["eagle"]))
+    _, stats = SpeculativeDecoder(model, drafter, budget=TAU_CHECK["budget"]).generate(
+        prompt, TAU_CHECK["max_new_tokens"], eos_token_id=int(tokenizer.eos_token_id))
+    return round(stats.mean_acceptance_length, 6)
