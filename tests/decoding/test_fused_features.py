@@ -100,3 +100,31 @@ def test_module_computes_fused_features_on_the_fly():
     loss, _ = medusa._loss({"input_ids": ids, "features": feats, "target_ids": ids}, expand_at=None)
     ref, _ = medusa.drafter.training_loss(feats[..., -32:], ids)
     torch.testing.assert_close(loss, ref)
+
+
+@pytest.mark.slow  # the SmolLM2 tokenizer is read from its GGUF when no cache exists
+def test_self_distillation_set_caches_answers_apart_from_features(tmp_path, monkeypatch):
+    """Other feature layers reuse the target's answers; a second call decodes nothing."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from lit_lowrank.decoding import distill_data
+    from lit_lowrank.models.pretrained import load_smollm2_tokenizer
+
+    tokenizer = load_smollm2_tokenizer()
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2)).eval()
+    kw = dict(corpus="lee", split="val", prompts=2, max_new_tokens=3, cache_dir=tmp_path)
+    fused = distill_data.self_distillation_set(model, tokenizer, feature_layers=[1, 2], **kw)
+    assert [f.shape[-1] for f in fused["features"]] == [32, 32]
+    calls = []
+    real = distill_data.greedy_continuations
+    monkeypatch.setattr(distill_data, "greedy_continuations", lambda *a, **k: calls.append(1) or real(*a, **k))
+    last = distill_data.self_distillation_set(model, tokenizer, **kw)
+    again = distill_data.self_distillation_set(model, tokenizer, feature_layers=[1, 2], **kw)
+    assert not calls and last["continuations"] == fused["continuations"]
+    assert [f.shape[-1] for f in last["features"]] == [16, 16]
+    for a, b in zip(last["features"], fused["features"]):
+        torch.testing.assert_close(a, b[:, 16:])  # the fused set ends with the last hidden state
+    assert all(torch.equal(a, b) for a, b in zip(again["features"], fused["features"]))
+    assert len(list(tmp_path.glob("answers-*.pt"))) == 1 and len(list(tmp_path.glob("features-*.pt"))) == 2
