@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lit_lowrank.decoding import EagleDrafter, HybridDrafter, NgramDrafter, SpecBlockDrafter, SpeculativeDecoder, TargetLM
+from lit_lowrank.decoding import (
+    EagleDrafter,
+    HybridDrafter,
+    NgramDrafter,
+    SpecBlockDrafter,
+    SpeculativeDecoder,
+    TargetLM,
+)
 from lit_lowrank.decoding.distill_data import check_feature_layers, teacher_forced_outputs
 from lit_lowrank.decoding.training import DrafterDistillModule
 from lit_lowrank.models.spec_drafter import BlockDrafterNet
