@@ -80,6 +80,7 @@ class BanditAdaptiveDrafter(Drafter):
             raise ValueError(f"BanditAdaptiveDrafter: expected interval >= 1, window >= 3, steps >= 1, lr > 0; got "
                              f"interval={interval}, window={window}, steps={steps}, lr={lr}.")
         self.drafter, self.net = drafter, net
+        self.feature_layers = getattr(drafter, "feature_layers", None)  # what the verifier must return
         self.bandit = bandit or CostAwareUpdateBandit(UPDATE_ARMS, horizon=4.0 * interval, gain_cap=2.0)
         if len(self.bandit.arms) != len(UPDATE_ARMS):
             raise ValueError(f"BanditAdaptiveDrafter: the bandit must have the arms {UPDATE_ARMS}, "
@@ -106,7 +107,7 @@ class BanditAdaptiveDrafter(Drafter):
 
     def reset(self) -> None:
         self.tokens: list[int] = []  # committed tokens of the current sequence, aligned with the two below
-        self.features: list[Tensor] = []  # target hidden state at each decoded position
+        self.features: list[Tensor] = []  # target features (fused, as the drafter reads them) at each decoded position
         self.argmax: list[int] = []  # the target's argmax there (the drafter's label)
         self._target: Any = None
         self._last_time = None

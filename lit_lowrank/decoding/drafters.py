@@ -68,6 +68,10 @@ class _ContextCache:
         if features is None or features.shape[0] != tokens.numel() - 1 or features.shape[0] == 0:
             raise ValueError(f"DraftRequest: features {None if features is None else tuple(features.shape)} must have "
                              f"len(tokens) - 1 = {tokens.numel() - 1} >= 1 rows.")
+        if features.shape[-1] != self.net.feature_size:  # e.g. a verifier not asked for the fused layers
+            raise ValueError(f"DraftRequest: features of width {features.shape[-1]}, the drafter reads "
+                             f"{self.net.feature_size} (feature_layers={self.net.feature_layers}); set the "
+                             "verifier's TargetLM.feature_layers to the drafter's.")
         n, window = features.shape[0], self.net.context_window
         if self.kv is None or n < self.items or n - window - 1 > self.items:  # new sequence, or a gap
             self.kv = None

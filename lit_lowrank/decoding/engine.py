@@ -348,8 +348,8 @@ class DraftRequest:
         tokens: ``(T,)`` committed tokens; ``tokens[-1]`` is the root (chosen by the target,
             not yet in its cache). A view of the engine's buffer: read it, do not keep it.
         features: ``(T - 1, H)`` the target's last hidden state at positions ``0..T-2``
-            (``features[i]`` produced ``tokens[i + 1]``); ``None`` for a drafter whose
-            ``uses_features`` is ``False``.
+            (``features[i]`` produced ``tokens[i + 1]``; ``(T - 1, H * L)`` fused states for a drafter
+            with ``feature_layers``); ``None`` for a drafter whose ``uses_features`` is ``False``.
         budget: most draft nodes the verifier will take.
         target: the verifier (for self-drafters and the shared embeddings).
     """

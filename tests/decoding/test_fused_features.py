@@ -135,3 +135,16 @@ def test_self_distillation_set_caches_answers_apart_from_features(tmp_path, monk
         torch.testing.assert_close(a, b[:, 16:])  # the fused set ends with the last hidden state
     assert all(torch.equal(a, b) for a, b in zip(again["features"], fused["features"]))
     assert len(list(tmp_path.glob("answers-*.pt"))) == 1 and len(list(tmp_path.glob("features-*.pt"))) == 2
+
+
+def test_unfused_features_are_refused_and_wrappers_pass_the_layers_on():
+    """A fused drafter given last-hidden-state features (width H, which its own states also have) must not
+    read them as drafted states: the request is refused; the bandit wrapper asks the verifier for its layers."""
+    from lit_lowrank.decoding import BanditAdaptiveDrafter, DraftRequest
+
+    net = _net(block_size=3)
+    target = TargetLM(tiny_target(layers=3))
+    tokens = torch.randint(0, 23, (6,))
+    with pytest.raises(ValueError, match="width 32, the drafter reads 96"):
+        SpecBlockDrafter(net).draft(DraftRequest(tokens, torch.randn(5, 32, dtype=torch.float64), 8, target))
+    assert BanditAdaptiveDrafter(SpecBlockDrafter(net)).feature_layers == LAYERS
