@@ -152,8 +152,13 @@ def readme_table(results: dict[str, dict[str, Any]], root: Path | None = None) -
         text = "<br>".join(f"{c.get('verdict', '?')}: {fmt(c.get('claim'))} ({fmt(c.get('estimate'))}, CI "
                            f"{_ci(c)})" for c in claims)
         ctl = "<br>".join(f"{c.get('verdict', '?')}: {fmt(c.get('claim'))}" for c in controls) or "none"
-        # a method's card, else a tooling benchmark's own page, else the shared benchmarks page
-        candidates = (f"docs/methods/{name}.md", f"docs/benchmarks/{name}.md")
+        # a method's card, else a tooling benchmark's own page, else the page that shows its results block
+        # (a method's second benchmark: polar_vbll_mc on the polar_vbll card), else the shared benchmarks page
+        candidates = [f"docs/methods/{name}.md", f"docs/benchmarks/{name}.md"]
+        if root is not None:
+            marker = f"<!-- results:{name}:start -->"
+            candidates += sorted(str(p.relative_to(root)) for p in (root / "docs").rglob("*.md")
+                                 if marker in p.read_text())
         card = next((c for c in candidates if root is None or (root / c).exists()), "docs/benchmarks.md")
         label = f"[`{name}`]({card})"
         lines.append(f"| {label} | {text} | {' / '.join(map(str, counts))} | {held} | {ctl} | "

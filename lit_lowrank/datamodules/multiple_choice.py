@@ -1,10 +1,18 @@
 """Multiple-choice reasoning for causal LMs: an embedded set and the common-sense JSONL loaders.
 
-Every item becomes one prompt that lists the options with letters and ends with ``"Answer:"``;
-the model reads it once and a head over the answer options scores the letters (see
-:class:`~lit_lowrank.models.mc_lm.MultipleChoiceLM`, whose head starts at the LM's output rows
-of ``" A"``, ``" B"``, ...). Batches are ``{"x": (B, L) token ids right-padded with -1, "y": (B,)}``,
-so :class:`~lit_lowrank.tasks.ClassificationModule` trains on them unchanged.
+Two scorings (``scoring=``), both read by :class:`~lit_lowrank.models.mc_lm.MultipleChoiceLM`:
+
+- ``"letter"``: every item becomes one prompt that lists the options with letters and ends with
+  ``"Answer:"``; the model reads it once and a head over the answer options scores the letters (the
+  head starts at the LM's output rows of ``" A"``, ``" B"``, ...). Batches are
+  ``{"x": (B, L) token ids right-padded with -1, "y": (B,)}``.
+- ``"options"``: every option is read as the answer text after ``"Question: ...\nAnswer:"`` (the
+  cloze scoring of lm-evaluation-harness); the LM's mean log-probability of each option's tokens is
+  its score. Batches are ``{"x": (B, C, 1 + L), "y": (B,)}``: column 0 holds the number ``k`` of answer
+  tokens, columns ``1..`` the question + answer token ids right-padded with -1 (the answer is the last
+  ``k`` real tokens). Small LMs that cannot bind an answer to a letter still rank option texts.
+
+Either way :class:`~lit_lowrank.tasks.ClassificationModule` trains on the batches unchanged.
 
 Sources:
 
@@ -37,6 +45,7 @@ from torch.utils.data import DataLoader
 from lit_lowrank.datamodules.tokenizers import encode_batch, get_tokenizer
 
 LETTERS = "ABCDEFGH"
+SCORINGS: tuple[str, ...] = ("letter", "options")
 FORMATS: tuple[str, ...] = ("boolq", "piqa", "arc", "obqa", "winogrande", "hellaswag")
 #: Options per item of each format (ARC items with another count are skipped and counted).
 NUM_CHOICES: dict[str, int] = {"boolq": 2, "piqa": 2, "arc": 4, "obqa": 4, "winogrande": 2, "hellaswag": 4,
@@ -180,6 +189,49 @@ def format_prompt(item: dict[str, Any]) -> str:
     return f"Question: {item['question']}\n{options}\nAnswer:"
 
 
+def format_cloze(item: dict[str, Any]) -> tuple[str, list[str]]:
+    """``("Question: ...\\nAnswer:", [" option 1", ...])``: the context and each option's answer text."""
+    return f"Question: {item['question']}\nAnswer:", [f" {c}" for c in item["choices"]]
+
+
+def encode_cloze(tokenizer: Any, context: str, continuations: list[str]) -> list[tuple[list[int], int]]:
+    """``(ids of context + continuation, number of continuation tokens)`` per continuation.
+
+    The whole string is encoded and the context's tokens are cut off its front, as lm-evaluation-harness
+    does, so a merge across the boundary (``":"`` + ``" red"``) is tokenized as the model saw it in training.
+    """
+    n_context = len(encode_batch(tokenizer, [context])[0])
+    out = []
+    for whole in encode_batch(tokenizer, [context + c for c in continuations]):
+        k = len(whole) - n_context
+        if k < 1:
+            raise ValueError(f"encode_cloze: the continuation adds no token to context {context!r}.")
+        out.append((whole, k))
+    return out
+
+
+class _ClozeItems(torch.utils.data.Dataset):
+    """Items as ``(C, 1 + max_length)``: column 0 = answer-token count, then ids right-padded with -1."""
+
+    def __init__(self, encoded: list[list[tuple[list[int], int]]], labels: list[int], max_length: int) -> None:
+        longest = max(k for item in encoded for _, k in item)
+        if longest >= max_length:
+            raise ValueError(f"`max_length`={max_length}: an answer has {longest} tokens alone; expected "
+                             "max_length > the longest answer (the question's end must fit before it).")
+        self.encoded, self.labels, self.max_length = encoded, labels, max_length
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        x = torch.full((len(self.encoded[i]), 1 + self.max_length), -1, dtype=torch.long)
+        for c, (ids, k) in enumerate(self.encoded[i]):
+            ids = ids[-self.max_length:]  # keep the end: the answer and the question's end
+            x[c, 0] = k
+            x[c, 1: 1 + len(ids)] = torch.tensor(ids)
+        return {"x": x, "y": self.labels[i]}
+
+
 class _Items(torch.utils.data.Dataset):
     def __init__(self, ids: list[list[int]], labels: list[int], max_length: int) -> None:
         self.ids, self.labels, self.max_length = ids, labels, max_length
@@ -206,24 +258,40 @@ class MultipleChoiceDataModule(pl.LightningDataModule):
         val_fraction: the held-out share when ``val_source`` is ``None``.
         max_items: cap on the items read per file.
         batch_size / seed: loaders.
+        scoring: ``"letter"`` (one prompt listing the options, the head scores the letters) or
+            ``"options"`` (each option's text scored as the answer; see the module docstring).
+        num_folds / fold: cross-validation instead of ``val_fraction``: the shuffled items (``seed``) are
+            cut into ``num_folds`` parts and part ``fold`` is held out, so ``num_folds`` fits score every
+            item once while it is unseen.
 
     .. code-block:: python
 
         dm = MultipleChoiceDataModule(source="embedded", tokenizer="byte", max_length=160)
         dm.setup("fit")
         batch = next(iter(dm.train_dataloader()))   # {"x": (B, 160), "y": (B,)}
+        dm = MultipleChoiceDataModule(source="embedded", tokenizer="byte", scoring="options")
+        # batches {"x": (B, 4, 1 + 128), "y": (B,)}: each option's text scored by the LM
     """
 
     def __init__(self, source: str = "embedded", val_source: str | None = None, format: str = "auto",
                  tokenizer: str = "smollm2", max_length: int = 128, val_fraction: float = 0.25,
-                 max_items: int | None = None, batch_size: int = 8, seed: int = 0) -> None:
+                 max_items: int | None = None, batch_size: int = 8, seed: int = 0,
+                 scoring: str = "letter", num_folds: int | None = None, fold: int = 0) -> None:
         super().__init__()
+        if num_folds is not None and not (num_folds >= 2 and 0 <= fold < num_folds):
+            raise ValueError(f"`num_folds`={num_folds}, `fold`={fold}: expected num_folds >= 2 and "
+                             "0 <= fold < num_folds.")
+        if num_folds is not None and val_source is not None:
+            raise ValueError("`num_folds` cuts `source` into folds; it cannot be combined with `val_source`.")
+        if scoring not in SCORINGS:
+            raise ValueError(f"`scoring`={scoring!r}, expected one of {SCORINGS}.")
         if format != "auto" and format not in FORMATS:
             raise ValueError(f"`format`={format!r}, expected 'auto' or one of {FORMATS}.")
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"`val_fraction`={val_fraction}, expected a number in (0, 1).")
         self.save_hyperparameters()
         self.skipped = 0
+        self.val_indices: list[int] | None = None
 
     @property
     def num_choices(self) -> int:
@@ -242,7 +310,10 @@ class MultipleChoiceDataModule(pl.LightningDataModule):
         self.skipped += skipped
         return items
 
-    def _dataset(self, items: list[dict[str, Any]]) -> _Items:
+    def _dataset(self, items: list[dict[str, Any]]) -> _Items | _ClozeItems:
+        if self.hparams.scoring == "options":
+            encoded = [encode_cloze(self.tokenizer, *format_cloze(it)) for it in items]
+            return _ClozeItems(encoded, [it["label"] for it in items], self.hparams.max_length)
         ids = encode_batch(self.tokenizer, [format_prompt(it) for it in items])
         return _Items(ids, [it["label"] for it in items], self.hparams.max_length)
 
@@ -256,8 +327,13 @@ class MultipleChoiceDataModule(pl.LightningDataModule):
         else:
             order = list(range(len(items)))
             random.Random(self.hparams.seed).shuffle(order)
-            cut = int(round(len(items) * self.hparams.val_fraction))
-            val, train = [items[i] for i in order[:cut]], [items[i] for i in order[cut:]]
+            if self.hparams.num_folds is not None:
+                held = set(order[self.hparams.fold::self.hparams.num_folds])
+            else:
+                held = set(order[: int(round(len(items) * self.hparams.val_fraction))])
+            self.val_indices = [i for i in order if i in held]  # positions in `source`: paired units across fits
+            val = [items[i] for i in self.val_indices]
+            train = [items[i] for i in order if i not in held]
         self.train_set, self.val_set = self._dataset(train), self._dataset(val)
 
     def train_dataloader(self) -> DataLoader:

@@ -7,10 +7,16 @@ returns exactly that as an ``nn.Linear(hidden, num_choices)``, so the classifica
 options starts as the pretrained model's own choice scores (zero-shot) and is then fine-tuned, or replaced
 by a VBLL head whose posterior mean starts there (:func:`~lit_lowrank.adapters.polar_vbll.apply_polar_vbll`).
 
+With ``scoring="options"`` (batches of
+:class:`~lit_lowrank.datamodules.multiple_choice.MultipleChoiceDataModule` with ``scoring="options"``) the
+features are instead the LM's mean log-probability of each option's answer text, ``(B, C)``, and the head
+starts at the identity: before training the prediction is the LM's own cloze ranking of the options.
+
 .. code-block:: python
 
     backbone = MultipleChoiceLM(pretrained="smollm2")
     model = ClassificationModule(backbone, num_classes=4)   # head = backbone.make_head(4)
+    backbone = MultipleChoiceLM(pretrained="smollm2", scoring="options", num_choices=4)
 """
 
 from __future__ import annotations
@@ -20,11 +26,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lit_lowrank.datamodules.multiple_choice import LETTERS
+from lit_lowrank.datamodules.multiple_choice import LETTERS, SCORINGS
 
 
 class MultipleChoiceLM(nn.Module):
-    """Token ids ``(B, L)`` right-padded with ``-1`` -> final hidden state at the last real token ``(B, H)``.
+    """Token ids ``(B, L)`` right-padded with ``-1`` -> final hidden state at the last real token ``(B, H)``;
+    with ``scoring="options"``, ``(B, C, 1 + L)`` cloze items -> mean answer-token log-probabilities ``(B, C)``.
 
     Args:
         pretrained: ``"smollm2"`` (the offline SmolLM2-135M) or a local Hugging Face model folder;
@@ -32,6 +39,9 @@ class MultipleChoiceLM(nn.Module):
         model_config: transformers config keyword arguments with ``model_type`` (``pretrained=None``).
         tokenizer: for :meth:`make_head` with a random model (``"byte"`` by default); pretrained models
             use their own tokenizer.
+        scoring: ``"letter"`` (features = the hidden state after ``"Answer:"``) or ``"options"``
+            (features = each option's mean token log-probability; ``num_features = num_choices``).
+        num_choices: options per item with ``scoring="options"``.
 
     .. code-block:: python
 
@@ -42,9 +52,15 @@ class MultipleChoiceLM(nn.Module):
     """
 
     def __init__(self, pretrained: str | None = "smollm2", model_config: dict[str, Any] | None = None,
-                 tokenizer: str = "byte") -> None:
+                 tokenizer: str = "byte", scoring: str = "letter", num_choices: int = 4) -> None:
         super().__init__()
         from transformers import AutoConfig, AutoModelForCausalLM
+
+        if scoring not in SCORINGS:
+            raise ValueError(f"`scoring`={scoring!r}, expected one of {SCORINGS}.")
+        if num_choices < 2:
+            raise ValueError(f"`num_choices`={num_choices}, expected an integer >= 2.")
+        self.scoring, self.num_choices = scoring, int(num_choices)
 
         self.tokenizer_name = tokenizer
         if pretrained == "smollm2":
@@ -62,9 +78,11 @@ class MultipleChoiceLM(nn.Module):
             kwargs = dict(model_config)
             model = AutoModelForCausalLM.from_config(AutoConfig.for_model(kwargs.pop("model_type"), **kwargs))
         self.lm = model
-        self.num_features = int(model.config.hidden_size)
+        self.num_features = self.num_choices if scoring == "options" else int(model.config.hidden_size)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.scoring == "options":
+            return self.option_scores(x)
         if x.dim() != 2 or x.dtype != torch.long:
             raise ValueError(f"MultipleChoiceLM expects (B, L) int64 token ids padded with -1, got "
                              f"{tuple(x.shape)} {x.dtype}.")
@@ -76,6 +94,37 @@ class MultipleChoiceLM(nn.Module):
         hidden = out.last_hidden_state
         return hidden[torch.arange(x.shape[0], device=x.device), lengths - 1]
 
+    def option_scores(self, x: Tensor) -> Tensor:
+        """``(B, C, 1 + L)`` cloze items -> ``(B, C)`` mean log-probability of each option's answer tokens.
+
+        The LM head runs only on the positions that predict answer tokens (a few per option, not the
+        whole prompt), so the vocabulary projection costs ``O(answer tokens)``.
+        """
+        if x.dim() != 3 or x.dtype != torch.long or x.shape[1] != self.num_choices:
+            raise ValueError(f"MultipleChoiceLM(scoring='options') expects (B, {self.num_choices}, 1 + L) int64 "
+                             f"cloze items (MultipleChoiceDataModule(scoring='options')), got {tuple(x.shape)} "
+                             f"{x.dtype}.")
+        batch, choices = x.shape[:2]
+        flat = x.reshape(batch * choices, -1)
+        k, ids = flat[:, 0], flat[:, 1:]
+        mask = ids >= 0
+        lengths = mask.sum(1)
+        if (k < 1).any() or (lengths <= k).any():
+            raise ValueError("MultipleChoiceLM: every option needs >= 1 answer token after >= 1 context token "
+                             "(column 0 = answer-token count).")
+        width = int(lengths.max())  # drop the columns that are padding in every row
+        tokens, mask = ids[:, :width].clamp_min(0), mask[:, :width]
+        hidden = self.lm.model(input_ids=tokens, attention_mask=mask.long()).last_hidden_state
+        pos = torch.arange(width, device=x.device)
+        # position p predicts token p + 1; the answer is the last k real tokens
+        sel = (pos >= (lengths - k - 1)[:, None]) & (pos <= (lengths - 2)[:, None])
+        nxt = torch.cat([tokens[:, 1:], tokens[:, :1]], 1)[sel]
+        logits = self.lm.get_output_embeddings()(hidden[sel]).float()
+        logp = logits.log_softmax(-1).gather(1, nxt[:, None])[:, 0]
+        row = torch.arange(flat.shape[0], device=x.device)[:, None].expand_as(sel)[sel]
+        total = torch.zeros(flat.shape[0], dtype=logp.dtype, device=x.device).index_add(0, row, logp)
+        return (total / k).view(batch, choices)
+
     def letter_ids(self, num_choices: int) -> list[int]:
         """Token id of ``" A"``, ``" B"``, ... (the token that follows ``"Answer:"``)."""
         from lit_lowrank.datamodules.tokenizers import encode_batch, get_tokenizer
@@ -86,7 +135,16 @@ class MultipleChoiceLM(nn.Module):
 
     @torch.no_grad()
     def make_head(self, num_classes: int) -> nn.Linear:
-        """``nn.Linear(H, num_classes)`` whose rows are the LM's output rows of the option letters."""
+        """``nn.Linear(H, num_classes)`` whose rows are the LM's output rows of the option letters
+        (``scoring="options"``: the identity ``nn.Linear(C, C)``, so logits = the LM's option scores)."""
+        if self.scoring == "options":
+            if num_classes != self.num_choices:
+                raise ValueError(f"`num_classes`={num_classes} with MultipleChoiceLM(num_choices="
+                                 f"{self.num_choices}); expected them equal (one logit per option).")
+            head = nn.Linear(self.num_choices, num_classes)
+            head.weight.copy_(torch.eye(num_classes))
+            head.bias.zero_()
+            return head
         weight = self.lm.get_output_embeddings().weight
         rows = weight[self.letter_ids(num_classes)].detach().clone()
         head = nn.Linear(self.num_features, num_classes)
