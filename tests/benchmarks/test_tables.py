@@ -115,3 +115,13 @@ def test_card_block_shows_premises_competitors_and_the_commit():
     assert "vs random move: holds" in block
     table = readme_table({"toy": payload})
     assert "| 0 / 0 / 0 / 1 | 0 / 1 |" in table
+
+
+def test_readme_links_a_benchmark_to_the_card_that_shows_its_block(tmp_path):
+    payload = _payload()
+    root = _toy_repo(tmp_path, payload)
+    (root / "docs" / "results" / "toy_extra.json").write_text(json.dumps(payload))
+    card = root / "docs" / "methods" / "toy.md"
+    card.write_text(card.read_text() + "\n<!-- results:toy_extra:start -->\n<!-- results:toy_extra:end -->\n")
+    table = readme_table(load_results(root), root)
+    assert "[`toy_extra`](docs/methods/toy.md)" in table and "[`toy`](docs/methods/toy.md)" in table

@@ -83,3 +83,116 @@ def test_datamodule_batches_and_option_head_scores_the_letters():
             ids = batch["x"][i, : lengths[i]][None]
             logits = net.lm(input_ids=ids).logits[0, -1]
             torch.testing.assert_close(scores[i], logits[net.letter_ids(4)], rtol=1e-4, atol=1e-4)
+
+
+TINY_LLAMA = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 258}
+
+
+def _options_dm(**kwargs):
+    dm = MultipleChoiceDataModule(source="embedded", tokenizer="byte", scoring="options", max_length=80,
+                                  batch_size=4, **kwargs)
+    dm.setup("fit")
+    return dm
+
+
+def test_options_scoring_batches_hold_each_option_as_the_answer_text():
+    from lit_lowrank.datamodules.multiple_choice import format_cloze
+
+    dm = _options_dm()
+    item = dm.val_set[0]
+    x = item["x"]
+    assert x.shape == (4, 81) and x.dtype == torch.long
+    source = EMBEDDED_ITEMS[dm.val_indices[0]]
+    assert item["y"] == source["label"]
+    context, answers = format_cloze(source)
+    for c in range(4):
+        k, ids = int(x[c, 0]), x[c, 1:][x[c, 1:] >= 0].tolist()
+        assert bytes(ids[-k:]).decode() == answers[c] == f" {source['choices'][c]}"  # the byte tokenizer: ids = bytes
+        assert bytes(ids[:-k]).decode() == context
+    with pytest.raises(ValueError, match="scoring"):
+        MultipleChoiceDataModule(scoring="cloze")
+    with pytest.raises(ValueError, match="max_length"):  # an answer alone longer than the window
+        MultipleChoiceDataModule(source="embedded", tokenizer="byte", scoring="options", max_length=8).setup("fit")
+
+
+def test_encode_cloze_cuts_the_context_off_the_whole_encoding():
+    from lit_lowrank.datamodules.multiple_choice import encode_cloze
+    from lit_lowrank.datamodules.tokenizers import get_tokenizer
+
+    tok = get_tokenizer("byte")
+    [(ids, k)] = encode_cloze(tok, "Answer:", [" red"])
+    assert k == 4 and bytes(ids).decode() == "Answer: red"
+    with pytest.raises(ValueError, match="adds no token"):
+        encode_cloze(tok, "Answer:", [""])
+
+
+def test_folds_hold_out_every_item_exactly_once():
+    held = []
+    for fold in range(4):
+        dm = _options_dm(num_folds=4, fold=fold, seed=3)
+        assert len(dm.train_set) + len(dm.val_set) == len(EMBEDDED_ITEMS)
+        held += dm.val_indices
+    assert sorted(held) == list(range(len(EMBEDDED_ITEMS)))
+    for bad in ({"num_folds": 1}, {"num_folds": 4, "fold": 4}):
+        with pytest.raises(ValueError, match="num_folds"):
+            MultipleChoiceDataModule(**bad)
+    with pytest.raises(ValueError, match="val_source"):
+        MultipleChoiceDataModule(num_folds=4, val_source="x.jsonl")
+    # the val_fraction split is unchanged by the fold option (earlier runs' splits stay reproducible)
+    dm = MultipleChoiceDataModule(source="embedded", tokenizer="byte", seed=1)
+    dm.setup("fit")
+    assert len(dm.val_indices) == round(len(EMBEDDED_ITEMS) * 0.25)
+
+
+def test_option_scores_are_the_mean_answer_log_probabilities_and_the_head_starts_at_identity():
+    from lit_lowrank.models.mc_lm import MultipleChoiceLM
+
+    dm = _options_dm()
+    batch = next(iter(dm.val_dataloader()))
+    torch.manual_seed(0)
+    net = MultipleChoiceLM(None, tokenizer="byte", model_config=TINY_LLAMA, scoring="options").eval()
+    assert net.num_features == 4
+    head = net.make_head(4)
+    with torch.no_grad():
+        scores = net(batch["x"])
+        torch.testing.assert_close(head(scores), scores)
+        for b in range(batch["x"].shape[0]):
+            for c in range(4):  # reference: the full LM on the unpadded sequence, log-softmax, last k tokens
+                k = int(batch["x"][b, c, 0])
+                ids = batch["x"][b, c, 1:][batch["x"][b, c, 1:] >= 0]
+                logp = net.lm(input_ids=ids[None]).logits[0].log_softmax(-1)
+                ref = logp[:-1].gather(1, ids[1:, None])[-k:].mean()
+                torch.testing.assert_close(scores[b, c], ref, rtol=1e-4, atol=1e-4)
+    net.train()
+    net(batch["x"]).sum().backward()  # differentiable in the LM's weights (adapters train through it)
+    assert net.lm.model.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="num_classes"):
+        net.make_head(3)
+    with pytest.raises(ValueError, match="cloze items"):
+        net(batch["x"][:, 0, 1:])
+    with pytest.raises(ValueError, match="scoring"):
+        MultipleChoiceLM(None, model_config=TINY_LLAMA, scoring="cloze")
+
+
+def test_polar_vbll_fits_on_option_scores_end_to_end():
+    import lightning.pytorch as pl
+
+    from lit_lowrank.adapters.polar_vbll import PoLARVBLL, find_vbll_head
+    from lit_lowrank.models.mc_lm import MultipleChoiceLM
+    from lit_lowrank.tasks import ClassificationModule
+
+    pl.seed_everything(0, verbose=False)
+    dm = _options_dm(num_folds=4)
+    model = ClassificationModule(MultipleChoiceLM(None, tokenizer="byte", model_config=TINY_LLAMA,
+                                                  scoring="options"), num_classes=4)
+    method = PoLARVBLL(target_modules=r"(q_proj|v_proj)$", rank=2, alpha=2, phases=[], warmup_steps=1,
+                       head_kwargs={"predictive": "probit"})
+    pl.Trainer(max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+               enable_model_summary=False, limit_val_batches=1, num_sanity_val_steps=0,
+               callbacks=[method]).fit(model, datamodule=dm)
+    head = find_vbll_head(model)
+    assert head is not None and head.layer.W_mean.shape[-1] == 5  # 4 option scores + the bias feature
+    with torch.no_grad():
+        probs = model.eval()(next(iter(dm.val_dataloader()))["x"]).softmax(-1)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(len(probs)))
