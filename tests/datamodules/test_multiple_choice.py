@@ -155,8 +155,11 @@ def test_option_scores_are_the_mean_answer_log_probabilities_and_the_head_starts
     assert net.num_features == 4
     head = net.make_head(4)
     with torch.no_grad():
-        scores = net(batch["x"])
-        torch.testing.assert_close(head(scores), scores)
+        scores = net.option_scores(batch["x"])
+        features = net(batch["x"])  # centred over the options: the same softmax, no item-wide offset
+        torch.testing.assert_close(features, scores - scores.mean(-1, keepdim=True))
+        torch.testing.assert_close(features.sum(-1), torch.zeros(len(features)), atol=1e-5, rtol=0)
+        torch.testing.assert_close(head(features).softmax(-1), scores.softmax(-1))
         for b in range(batch["x"].shape[0]):
             for c in range(4):  # reference: the full LM on the unpadded sequence, log-softmax, last k tokens
                 k = int(batch["x"][b, c, 0])
@@ -165,7 +168,7 @@ def test_option_scores_are_the_mean_answer_log_probabilities_and_the_head_starts
                 ref = logp[:-1].gather(1, ids[1:, None])[-k:].mean()
                 torch.testing.assert_close(scores[b, c], ref, rtol=1e-4, atol=1e-4)
     net.train()
-    net(batch["x"]).sum().backward()  # differentiable in the LM's weights (adapters train through it)
+    net(batch["x"])[:, 0].sum().backward()  # differentiable in the LM's weights (adapters train through it)
     assert net.lm.model.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0
     with pytest.raises(ValueError, match="num_classes"):
         net.make_head(3)
