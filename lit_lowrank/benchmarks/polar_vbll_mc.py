@@ -12,8 +12,8 @@ tokens, centred over the item's four options, ``(B, 4)``, and the head over the 
 training the prediction is the LM's own ranking (67% correct). The VBLL head's posterior is over that 4×4 map
 (+ bias); the adapters move the log-probabilities themselves.
 
-**Units.** K-fold cross-validation over the shuffled questions (``num_folds=K``; full mode K = 4: each fit trains
-on ~61 questions and scores the ~21 it never saw), so every question is scored once by a model that did not train on
+**Units.** K-fold cross-validation over the shuffled questions (``num_folds=K``; K = 2: each fit trains on 41
+questions and scores the 41 it never saw), so every question is scored once per pass by a model that did not train on
 it. The paired unit is the question (82 of them); each method's fold ``k`` uses the same split, seed and batch order.
 
 Methods (the user path: :class:`~lit_lowrank.tasks.ClassificationModule` + Lightning ``Trainer`` + the method's
@@ -45,11 +45,13 @@ the untrained zero-shot ranking (accuracy). **Controls**: the uniform predictor 
 nor accuracy.
 
 Quick mode: one 2-fold pass at 12 steps (6 fits, ~3 min): a smoke run, where LoRA MLE is not yet overconfident
-(the calibration premise fails there). Full mode: one 4-fold pass at 48 steps (12 fits, ~6 epochs over each fold's
-61 training questions) — the paper's regime, "overconfidence after PEFT with limited data": measured before
+(the calibration premise fails there). Full mode: two 2-fold passes at 48 steps (12 fits, ~9 epochs over each
+fit's 41 training questions) — the paper's regime, "overconfidence after PEFT with limited data": measured before
 adopting it (fold 0 of 2), LoRA MLE's held-out NLL rises from 0.19 at 12 steps to 0.40 at 48, and a temperature
-of 1.86 takes it back to 0.32. ``passes > 1`` repeats the K folds over differently shuffled splits; a question's
-unit value is then its mean over the passes (still 82 units).
+of 1.86 takes it back to 0.32. A first full run with 4 folds (61 training questions per fit, one pass) left LoRA MLE
+too little overconfidence for the premise (oracle temperature 1.41, NLL −0.022, CI [−0.073, 0.030]; see the card).
+``passes > 1`` repeats the K folds over differently shuffled splits; a question's unit value is then its mean over
+the passes (still 82 units).
 """
 
 from __future__ import annotations
@@ -67,9 +69,9 @@ from lit_lowrank.ops.calibration import fit_temperature
 
 LR, RANK, ALPHA, PRIOR_SCALE = 1e-3, 8, 16.0, 10.0
 TARGET = r"(q_proj|v_proj)$"
-#: quick: 2 folds (41 training questions each), 12 steps; full: the configs' 4 folds x 48 steps
+#: quick: 2 folds (41 training questions each), 12 steps; full: the configs' 2 folds x 48 steps, two shuffles
 QUICK = {"folds": 2, "steps": 12, "warmup": 4, "passes": 1}
-FULL = {"folds": 4, "steps": 48, "warmup": 16, "passes": 1}
+FULL = {"folds": 2, "steps": 48, "warmup": 16, "passes": 2}
 PAPER = ("PoLAR-VBLL (arXiv 2604.03388): \"decisions typically suffer from overconfidence, particularly after "
          "parameter-efficient fine-tuning (PEFT) for downstream domain-specific tasks with limited data\"; "
          "evaluated on common-sense reasoning with LLMs, \"generalization and uncertainty estimation\"")
