@@ -104,6 +104,37 @@ def test_adaptive_drafter_is_lossless_and_updates_only_its_scope(arm):
     assert all(torch.equal(p, before[n]) for n, p in drafter.net.named_parameters())
 
 
+def test_paired_gain_is_zero_for_a_no_op_update():
+    target = TargetLM(tiny_target(seed=5))
+    drafter = BanditAdaptiveDrafter(_specblock(), bandit=_FixedArm(3), interval=2, window=16, steps=1, lr=1e-300)
+    SpeculativeDecoder(target, drafter, budget=6).generate(torch.tensor([1, 2, 3]), max_new_tokens=24)
+    assert drafter.gains and all(gain == 0.0 for _, gain in drafter.gains)
+
+
+def test_paired_gain_compares_the_updated_and_the_previous_weights_on_fresh_labels():
+    target = TargetLM(tiny_target(seed=6))
+    drafter = BanditAdaptiveDrafter(_specblock(), bandit=_FixedArm(0), interval=100)
+    SpeculativeDecoder(target, drafter, budget=6).generate(torch.tensor([2, 7, 1]), max_new_tokens=24)
+    params = update_scopes(drafter.net)["full"]
+    drafter._before = [p.detach().clone() for p in params]
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in params:
+            p.add_(0.3 * torch.randn_like(p))
+    updated = [p.detach().clone() for p in params]
+    fresh = 6
+    gain = drafter._paired_gain("full", fresh)
+    assert all(torch.equal(p, u) for p, u in zip(params, updated)), "scoring must leave the updated weights"
+    embeds, feats, labels = drafter._batch(fresh + drafter.net.context_window)
+    labels[:, : labels.shape[1] - fresh] = -100
+    after = drafter._chain_tau((embeds, feats, labels))
+    with torch.no_grad():
+        for p, old in zip(params, drafter._before):
+            p.copy_(old)
+    assert gain == pytest.approx(after - drafter._chain_tau((embeds, feats, labels)))
+    assert drafter._paired_gain("full", 2) is None  # too few fresh labels to score
+
+
 def test_adaptive_drafter_with_no_update_arm_never_changes_the_drafter():
     target = TargetLM(tiny_target(seed=4))
     drafter = BanditAdaptiveDrafter(_specblock(), bandit=_FixedArm(0), interval=1)

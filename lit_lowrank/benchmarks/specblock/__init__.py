@@ -23,8 +23,8 @@ for the drafters), answers cut at EOS or ``max_new`` tokens.
   true greedy continuation as a 4-token chain: the engine's ceiling;
 - control ``random`` — a :class:`~lit_lowrank.decoding.reference_drafters.RandomDrafter` 4-token chain.
 - full run only: ``plain`` (our plain decoding), ``assisted_early_exit`` (transformers assisted generation
-  with the target's first ``k`` layers), ``medusa`` (Medusa-style heads), and the bandit stream
-  (``specblock_bandit`` vs ``specblock`` at equal budget over the test prompts in sequence).
+  with the target's first ``k`` layers) and ``medusa`` (Medusa-style heads). The update bandit has its own
+  benchmark, :mod:`lit_lowrank.benchmarks.specblock_bandit` (a shifted stream, its premise and control).
 
 **Measure.** Decode tokens/s after the first output token (prefill excluded, the same for all), per
 prompt; every claim is a per-prompt paired ratio (geometric mean, t interval over prompts), so a
@@ -61,7 +61,6 @@ ORACLE_LENGTH = 4
 QUICK_GRIDS = {"specblock": SPECBLOCK_GRID[:2], "eagle": EAGLE_GRID[:2], "hybrid": HYBRID_GRID[:1]}
 
 PAPER_SPEED = "SpecBlock improves mean speedup by 8--13% over EAGLE-3 at 44--52% of its drafting cost"
-PAPER_BANDIT = "bandit adaptation: +11--19% throughput at deployment"
 ISSUE_TARGET = ("(issue #38) speculative decoding a user would switch on: >= 1.5x transformers generate on "
                 "SmolLM2-135M, ahead of prompt lookup, output identical to greedy generate")
 
@@ -165,12 +164,8 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
             for name, r in runs.items():
                 rows.append(_row(name, i, r, runs["generate"], chosen.get(name)))
         test_seconds = time.perf_counter() - t1
-        bandit_rows: list[dict[str, Any]] = []
-        if cfg["full"]:
-            bandit_rows = _bandit_stream(target, factories, test, cfg["max_new"], eos)
     finally:
         torch.set_num_threads(threads)
-    rows += bandit_rows
     claims, controls, premises, competitors = _claims(rows)
     notes = {
         "target": "SmolLM2-135M-Instruct (fp32), greedy, 2 threads",
@@ -201,28 +196,6 @@ def _rotation(methods: list[str], i: int) -> list[str]:
     first_real = next(k for k, name in enumerate(order) if name != "random")
     order.insert(first_real + 1, "oracle")
     return order
-
-
-def _bandit_stream(target: Any, factories: dict[str, Callable[..., Any]], prompts: list[torch.Tensor],
-                   max_new: int, eos: int) -> list[dict[str, Any]]:
-    """SpecBlock with and without the cost-aware update bandit over the test prompts as one stream (equal budget):
-    rows ``specblock_stream`` / ``specblock_bandit`` with each prompt's τ and tokens/s (prompts alternate order)."""
-    import copy
-
-    from lit_lowrank.decoding import BanditAdaptiveDrafter, SpecBlockDrafter
-
-    fixed = factories["specblock"](1)
-    # its own copy of the net: the bandit's updates must not reach the non-adapting drafter
-    adaptive = BanditAdaptiveDrafter(SpecBlockDrafter(copy.deepcopy(fixed.net), blocks=1, expand=4), interval=8,
-                                     window=48, steps=2)
-    rows = []
-    for i, prompt in enumerate(prompts):
-        pair = [("specblock_stream", fixed), ("specblock_bandit", adaptive)]
-        for name, drafter in (pair if i % 2 == 0 else pair[::-1]):
-            r = engine_decode(target, drafter, prompt, max_new, eos, 8)
-            rows.append({"method": name, "prompt": i, "tokens_per_s": round(decode_rate(r), 3), "budget": 8,
-                         "tau": round((r["accepted"] + r["rounds"]) / max(r["rounds"], 1), 3)})
-    return rows
 
 
 def _row(name: str, prompt: int, r: dict[str, Any], ref: dict[str, Any], config: str | None) -> dict[str, Any]:
@@ -293,11 +266,6 @@ def _claims(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], ...]:
     if "plain" in methods:
         claims.append(claim("our plain_decode runs >= 0.95x generate", paper="(engine design target, issue #25)",
                             quantity=q.format("plain"), target=0.95, op=">=", **vs("plain", "generate")))
-    if "specblock_bandit" in methods:
-        claims.append(claim("the cost-aware update bandit raises SpecBlock's decode speed over a prompt stream "
-                            "(equal verifier budget)", paper=PAPER_BANDIT,
-                            quantity="decode tokens/s(bandit) / tokens/s(no adaptation), geometric mean over prompts",
-                            target=1.0, op=">", name="bandit_gain", **vs("specblock_bandit", "specblock_stream")))
     controls = [claim("a random 4-token drafter decodes >= 1.0x generate (must not hold: nothing is accepted)",
                       paper="(control) a drafter that knows nothing cannot beat plain decoding",
                       quantity=q.format("random"), target=1.0, op=">=", **vs("random", "generate"))]
