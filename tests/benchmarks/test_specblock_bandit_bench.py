@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lit_lowrank.benchmarks.specblock_bandit import REPLY_TEMPLATE, _claims, _ShuffledLabels, _summary, tweet_reply_prompts
+from lit_lowrank.benchmarks.specblock_bandit import (
+    REPLY_TEMPLATE,
+    _claims,
+    _ShuffledLabels,
+    _summary,
+    tweet_reply_prompts,
+)
 
 
 def test_tweet_prompts_are_distinct_long_tweets_in_a_seeded_order():
