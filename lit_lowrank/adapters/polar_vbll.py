@@ -37,6 +37,8 @@ from lit_lowrank.ops.vbll import VBLLHead
 
 METHOD = "polar_vbll"
 ADAPTERS: tuple[str, ...] = ("polar", "lora")
+#: where q(W)'s covariance starts when the ELBO takes over (PoLARVBLL's ``covariance_init``)
+COVARIANCE_INITS: tuple[str, ...] = ("vbll", "elbo")
 
 #: Default parameter groups (regexes on parameter names, ``re.search``): PEFT adapter factors
 #: (LoRA's ``lora_A/B``, PoLAR's ``lora_X/theta/Y``) and the VBLL posterior.
@@ -238,6 +240,10 @@ class PoLARVBLL(MethodCallback):
         warmup_steps: MLE warm start: the first steps train adapters and the head's posterior *mean* with
             cross-entropy on its mean logits (the head starts at the task's fresh head, usually random), then
             the negative ELBO and the phases take over (``0``: ELBO from the first step).
+        covariance_init: where ``q(W)``'s covariance and the logit noise start when the ELBO takes over:
+            ``"vbll"`` (the package's init: weight std ``1/d`` whatever the feature scale) or ``"elbo"`` (their
+            closed-form ELBO optimum at the current mean on the first ELBO batch's features,
+            :meth:`~lit_lowrank.ops.vbll.VBLLHead.fit_covariance_`; a diagonal ``q(W)`` only).
         landing: apply PoLAR's landing step to the X/Y gradients before each optimizer step
             (``lam`` = ``landing_lambda``); ignored for ``adapter != "polar"``.
 
@@ -263,6 +269,7 @@ class PoLARVBLL(MethodCallback):
         landing: bool = True,
         landing_lambda: float = 5e-3,
         warmup_steps: int = 0,
+        covariance_init: str = "vbll",
     ) -> None:
         super().__init__()
         if adapter is not None and adapter not in ADAPTERS:
@@ -281,6 +288,13 @@ class PoLARVBLL(MethodCallback):
         if not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"`warmup_steps`={warmup_steps!r}, expected an integer >= 0 (MLE warm-start steps).")
         self.warmup_steps = warmup_steps
+        if covariance_init not in COVARIANCE_INITS:
+            raise ValueError(f"`covariance_init`={covariance_init!r}, expected one of {COVARIANCE_INITS}.")
+        if covariance_init == "elbo" and self.head_kwargs.get("parameterization", "diagonal") != "diagonal":
+            raise ValueError("`covariance_init`='elbo' needs head_kwargs['parameterization']='diagonal', got "
+                             f"{self.head_kwargs['parameterization']!r}.")
+        self.covariance_init = covariance_init
+        self._covariance_ready = covariance_init == "vbll"
         if self.schedule is not None:
             self.schedule.offset = warmup_steps
         self.landing = landing and adapter == "polar"
@@ -317,6 +331,7 @@ class PoLARVBLL(MethodCallback):
             self._head.layer.regularization_weight = self._head.kl_scale / num_train
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._covariance_ready = self.covariance_init == "vbll"
         if self.schedule is not None:
             self.schedule.on_train_start(trainer, pl_module)
 
@@ -342,6 +357,11 @@ class PoLARVBLL(MethodCallback):
             mle = torch.nn.functional.cross_entropy(mean, batch["y"])
             self.log_method(pl_module, "warmup_ce", mle.detach())
             return mle + rest
+        if not self._covariance_ready:
+            # the first ELBO step starts q(W) at the ELBO's optimum for this mean; a fit resumed past it keeps its own
+            if trainer.global_step == self.warmup_steps:
+                self._head.fit_covariance_(outputs["features"])
+            self._covariance_ready = True
         elbo = self._head.elbo_loss(outputs["features"], batch["y"])
         self.log_method(pl_module, "neg_elbo", elbo.detach())
         with torch.no_grad():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import lightning.pytorch as pl
 import pytest
 import torch
@@ -154,6 +156,31 @@ def test_mle_warm_start_trains_the_posterior_mean_and_adapters_first(tmp_path, o
     assert seen[2][0] != pytest.approx(seen[2][1])  # then the negative ELBO
     with pytest.raises(ValueError, match="warmup_steps"):
         PoLARVBLL(target_modules=TARGET, warmup_steps=-1)
+
+
+def test_elbo_covariance_init_starts_q_w_at_the_elbo_optimum_once(tmp_path, one_thread):
+    """``covariance_init="elbo"``: on the first ELBO step (after the warm start) the hook sets the covariance to
+    :meth:`VBLLHead.fit_covariance_` of that batch's features, then leaves it to the optimizer."""
+    module = _module()
+    changes = []
+
+    class Probe(PoLARVBLL):
+        def on_loss(self, trainer, pl_module, batch, outputs, loss):
+            before = self._head.layer.W_logdiag.detach().clone()
+            reference = copy.deepcopy(self._head).fit_covariance_(outputs["features"].detach())
+            new = super().on_loss(trainer, pl_module, batch, outputs, loss)
+            after = self._head.layer.W_logdiag.detach()
+            changes.append((not torch.equal(before, after), torch.allclose(after, reference.layer.W_logdiag)))
+            return new
+
+    method = Probe(target_modules=TARGET, rank=4, warmup_steps=2, phases=[], covariance_init="elbo")
+    _trainer(tmp_path, [method], max_steps=4).fit(module, datamodule=DigitsDataModule(batch_size=32))
+    assert [c for c, _ in changes] == [False, False, True, False]
+    assert changes[2][1]
+    with pytest.raises(ValueError, match="covariance_init"):
+        PoLARVBLL(target_modules=TARGET, covariance_init="laplace")
+    with pytest.raises(ValueError, match="diagonal"):
+        PoLARVBLL(target_modules=TARGET, covariance_init="elbo", head_kwargs={"parameterization": "dense"})
 
 
 def test_a_checkpoint_evaluates_without_a_datamodule_and_fit_rescales_the_kl(tmp_path, one_thread):

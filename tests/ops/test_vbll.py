@@ -120,3 +120,50 @@ def test_errors_name_the_parameter():
     head = VBLLHead(4, 2, num_train=3)
     with pytest.raises(ValueError, match=r"\(B, 4\)"):
         head(torch.randn(2, 5))
+
+
+@pytest.mark.parametrize(("kl_scale", "prior_scale", "feature_scale"), [(1.0, 1.0, 1.0), (1.0, 10.0, 3.0),
+                                                                      (0.1, 1.0, 0.3)])
+def test_fit_covariance_is_the_elbo_optimum_for_the_mean(kl_scale, prior_scale, feature_scale):
+    """The closed form zeroes the ELBO's gradient in every covariance parameter, and no nearby covariance beats it
+    (the negative ELBO is convex in the variances), while the mean is left as it was."""
+    torch.manual_seed(0)
+    head = VBLLHead(5, 3, num_train=40, kl_scale=kl_scale, prior_scale=prior_scale).double()
+    x, y = feature_scale * torch.randn(40, 5, dtype=torch.float64), torch.randint(0, 3, (40,))
+    mean = head.layer.W_mean.detach().clone()
+    head.fit_covariance_(x)
+    torch.testing.assert_close(head.layer.W_mean.detach(), mean)
+    loss = head.elbo_loss(x, y)
+    grads = torch.autograd.grad(loss, [head.layer.W_logdiag, head.layer.noise_logdiag])
+    assert max(g.abs().max().item() for g in grads) < 1e-8
+    with torch.no_grad():
+        for _ in range(5):
+            saved = (head.layer.W_logdiag.clone(), head.layer.noise_logdiag.clone())
+            head.layer.W_logdiag.add_(0.05 * torch.randn_like(saved[0]))
+            head.layer.noise_logdiag.add_(0.05 * torch.randn_like(saved[1]))
+            assert head.elbo_loss(x, y) > loss
+            head.layer.W_logdiag.copy_(saved[0])
+            head.layer.noise_logdiag.copy_(saved[1])
+
+
+def test_fit_covariance_tempering_narrows_the_posterior():
+    """A smaller kl_scale (a colder posterior) gives every weight a smaller optimal variance."""
+    torch.manual_seed(1)
+    x = torch.randn(64, 4)
+    widths = []
+    for kl_scale in (1.0, 0.1):
+        torch.manual_seed(2)
+        head = VBLLHead(4, 3, num_train=64, kl_scale=kl_scale).fit_covariance_(x)
+        widths.append(head.layer.W_logdiag.detach())
+    assert (widths[1] < widths[0]).all()
+
+
+def test_fit_covariance_refuses_what_it_cannot_solve():
+    with pytest.raises(ValueError, match="kl_scale"):
+        VBLLHead(4, 2, num_train=3, kl_scale=0.0).fit_covariance_(torch.randn(3, 4))
+    with pytest.raises(ValueError, match="diagonal"):
+        VBLLHead(4, 2, num_train=3, parameterization="dense").fit_covariance_(torch.randn(3, 4))
+    with pytest.raises(ValueError, match=r"\(B, 4\)"):
+        VBLLHead(4, 2, num_train=3).fit_covariance_(torch.randn(3, 5))
+    with pytest.raises(ValueError, match="no rows"):
+        VBLLHead(4, 2, num_train=3).fit_covariance_(torch.randn(0, 4))
