@@ -202,7 +202,7 @@ class VBLLHead(nn.Module):
         ``vbll`` starts every weight at std ``1 / d`` whatever the feature scale, so the logit variance
         ``sum_j S_cj phi_j^2`` starts at ``|phi|^2 / d^2``; at a small learning rate the log-std barely moves
         in a short fine-tune (on SmolLM2's option scores: a weight variance 0.78 per logit after 48 steps, the
-        initial value). The negative ELBO is convex in ``(S, s^2)`` for a fixed mean, and its stationary point is
+        initial value). The negative ELBO is convex in ``(S, 1/s^2)`` for a fixed mean, and its stationary point is
         ``1/S_cj = 1/sigma_p^2 + (N / kl_scale) mean_i[p_ic phi_ij^2]`` and
         ``s_c^2 = (sqrt(dof'^2 + k_c w) - dof') / k_c`` with ``k_c = (N / kl_scale) mean_i p_ic``, where
         ``p = softmax(mu + var / 2)`` is the Jensen bound's softmax (the labels do not enter). ``p`` depends

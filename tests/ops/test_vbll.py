@@ -126,7 +126,7 @@ def test_errors_name_the_parameter():
                                                                       (0.1, 1.0, 0.3)])
 def test_fit_covariance_is_the_elbo_optimum_for_the_mean(kl_scale, prior_scale, feature_scale):
     """The closed form zeroes the ELBO's gradient in every covariance parameter, and no nearby covariance beats it
-    (the negative ELBO is convex in the variances), while the mean is left as it was."""
+    (the negative ELBO is convex in the weight variances and noise precisions), while the mean is left as it was."""
     torch.manual_seed(0)
     head = VBLLHead(5, 3, num_train=40, kl_scale=kl_scale, prior_scale=prior_scale).double()
     x, y = feature_scale * torch.randn(40, 5, dtype=torch.float64), torch.randint(0, 3, (40,))
