@@ -33,6 +33,7 @@ expected softmax), a seeded MC predictive, and the logit moments for diagnostics
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Literal
 
 import torch
@@ -196,7 +197,7 @@ class VBLLHead(nn.Module):
         return self
 
     @torch.no_grad()
-    def fit_covariance_(self, features: Tensor, max_iter: int = 200, tol: float = 1e-7) -> "VBLLHead":
+    def fit_covariance_(self, features: Tensor, max_iter: int = 200, tol: float | None = None) -> "VBLLHead":
         """Set ``q(W)``'s diagonal covariance and the logit noise to the ELBO's optimum at the current mean.
 
         ``vbll`` starts every weight at std ``1 / d`` whatever the feature scale, so the logit variance
@@ -209,6 +210,8 @@ class VBLLHead(nn.Module):
         on the variances, so the two equations are iterated to a fixed point on ``features``.
 
         Needs the ``"diagonal"`` parameterisation and ``kl_scale > 0`` (without the KL the optimum is ``S = 0``).
+        ``tol`` bounds the last step's change in every log-variance (default: 100 × the dtype's machine epsilon);
+        a run that ends at ``max_iter`` above it warns.
 
         .. code-block:: python
 
@@ -225,6 +228,7 @@ class VBLLHead(nn.Module):
         if phi.shape[0] == 0:
             raise ValueError("VBLLHead.fit_covariance_: `features` has no rows.")
         phi2, mu = phi.square(), phi @ self.layer.W_mean.T
+        tol = 100 * torch.finfo(phi.dtype).eps if tol is None else tol
         prior_precision = 1.0 / float(self.layer.prior_scale)
         dof, wishart = float(self.layer.dof), float(self.layer.wishart_scale)
         w_var, noise_var = self.layer.W_logdiag.mul(2).exp(), self.layer.noise_logdiag.mul(2).exp()
@@ -238,6 +242,10 @@ class VBLLHead(nn.Module):
             w_var, noise_var = new_w, new_noise
             if change < tol:
                 break
+        else:
+            warnings.warn(f"VBLLHead.fit_covariance_: no fixed point within `max_iter`={max_iter} (last change "
+                          f"{change:.2e} in log-variance, `tol`={tol}); the covariance is the last iterate.",
+                          RuntimeWarning, stacklevel=2)
         self.layer.W_logdiag.copy_(0.5 * w_var.log())
         self.layer.noise_logdiag.copy_(0.5 * noise_var.log())
         return self

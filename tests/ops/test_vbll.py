@@ -167,3 +167,10 @@ def test_fit_covariance_refuses_what_it_cannot_solve():
         VBLLHead(4, 2, num_train=3).fit_covariance_(torch.randn(3, 5))
     with pytest.raises(ValueError, match="no rows"):
         VBLLHead(4, 2, num_train=3).fit_covariance_(torch.randn(0, 4))
+
+
+def test_fit_covariance_warns_when_it_stops_before_the_fixed_point():
+    torch.manual_seed(0)
+    head = VBLLHead(4, 3, num_train=20)
+    with pytest.warns(RuntimeWarning, match="max_iter"):
+        head.fit_covariance_(torch.randn(20, 4), max_iter=1)
