@@ -21,9 +21,10 @@ Sections:
   intermediate accuracy, next to the verifiable exact-match reward (the upper baseline), the raw stable
   rank, and a pure length reward (a control that games by construction). Greedy accuracy, response
   length and degenerate responses (no end of sequence within the budget, or half the 3-grams repeats)
-  on held-out problems before and after. Quick: the tiny byte-level Llama of :func:`tiny_arithmetic_policy`
-  (SmolLM2's backward pass costs minutes per step on 2 CPU cores); full: SmolLM2 with LoRA (r = 8 on the
-  attention and MLP projections).
+  on held-out problems before and after; self-certainty (INTUITOR's annotation-free reward) is stable rank's
+  competitor. Quick: the tiny byte-level Llama of :func:`tiny_arithmetic_policy`; full: SmolLM2 with LoRA (r = 8
+  on the attention and MLP projections, ~10 CPU-s a step of 2 prompts × 4 samples on one thread), its lr picked
+  from :data:`GRPO_LRS_FULL` for the verifiable reward on validation problems.
 
 **Premises**: ``bon_oracle`` (an oracle pick among the 8 samples above greedy: room for any selector) for the
 Best-of-8 claim; ``length_games`` (GRPO on a pure length reward raises the degenerate rate: the dose can show
@@ -227,9 +228,14 @@ SFT = {"steps": 250, "batch": 32, "lr": 3e-3, "problems": 2000, "v": 1}
 #: the quick budget); every reward then runs with it
 GRPO_QUICK = {"steps": 30, "group_size": 8, "lr": 1e-4, "batch_size": 4, "max_new_tokens": 14}
 GRPO_FULL = {"steps": 40, "group_size": 4, "lr": 1e-4, "batch_size": 2, "max_new_tokens": 16, "lora_rank": 8}
-#: GRPO rewards compared: the default (length-normalised) stable rank, the paper's raw one, the verifiable
-#: exact match (upper baseline) and the response length (the control: a reward that can only be gamed)
-GRPO_REWARDS = ("stable_rank", "stable_rank_raw", "arithmetic", "length")
+#: full mode: the LoRA lr is picked in the run from this grid, for the *verifiable* reward on validation problems
+#: (seed + 300, never the held-out ones), by greedy accuracy after GRPO; every reward then runs with it
+GRPO_LRS_FULL = (1e-4, 3e-4, 1e-3)
+GRPO_VAL_PROBLEMS = 32
+#: GRPO rewards compared: the default (length-normalised) stable rank, the paper's raw one, self-certainty (the
+#: learned-reward-free baseline: INTUITOR's reward, arXiv 2505.19590), the verifiable exact match (upper baseline)
+#: and the response length (the control: a reward that can only be gamed)
+GRPO_REWARDS = ("stable_rank", "stable_rank_raw", "self_certainty", "arithmetic", "length")
 
 
 def arithmetic_target(problem: dict[str, str]) -> str:
@@ -317,6 +323,20 @@ def length_reward(prompts: list[Any], completions: list[Any], **kwargs: Any) -> 
     return [float(len(str(c))) for c in completions]
 
 
+class SelfCertaintyReward:
+    """Self-certainty (mean KL(uniform ‖ p) over the completion's next-token distributions, Kang et al.) of a
+    frozen scorer as a TRL-style reward: INTUITOR's annotation-free reward (arXiv 2505.19590), the baseline SR-GRPO
+    must beat without a learned reward model. Read from the same :class:`ResponseScorer` forward as stable rank."""
+
+    __name__ = "self_certainty"
+
+    def __init__(self, model: Any, tokenizer: Any, **scorer_kwargs: Any) -> None:
+        self.scorer = ResponseScorer(model, tokenizer, **scorer_kwargs)
+
+    def __call__(self, prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
+        return self.scorer.signals(prompts, completions, ("self_certainty",))["self_certainty"].tolist()
+
+
 def _grpo_run(policy: torch.nn.Module, tok, reward: str, seed: int, held_out: list[dict], settings: dict, *,
               chat: bool, trainable: str | None = None) -> list[dict]:
     """Per held-out problem: greedy correctness, tokens and degeneracy before / after GRPO with ``reward``."""
@@ -326,6 +346,8 @@ def _grpo_run(policy: torch.nn.Module, tok, reward: str, seed: int, held_out: li
 
     torch.manual_seed(seed)
     reward_arg: Any = {"stable_rank_raw": "stable_rank", "length": length_reward}.get(reward, reward)
+    if reward == "self_certainty":  # scored by the frozen initial policy, as stable rank is
+        reward_arg = SelfCertaintyReward(policy, tok, chat=chat)
     module = GRPOModule(policy=copy.deepcopy(policy), tokenizer=tok, reward=reward_arg,
                         reward_kwargs={"normalize": "none"} if reward == "stable_rank_raw" else None,
                         eval_reward="arithmetic", group_size=settings["group_size"],
@@ -394,6 +416,7 @@ def reward_auc(policy: torch.nn.Module, tok, problems: list[dict], settings: dic
 
     rewards = {"stable_rank": StableRankReward(policy, tok, chat=chat),
                "stable_rank_raw": StableRankReward(policy, tok, chat=chat, normalize="none"),
+               "self_certainty": SelfCertaintyReward(policy, tok, chat=chat),
                "length": length_reward}
     g = settings["group_size"]
     prompts = [p["prompt"] for p in problems for _ in range(g)]
@@ -412,9 +435,12 @@ def reward_auc(policy: torch.nn.Module, tok, problems: list[dict], settings: dic
     return out
 
 
-def _sr_grpo(model, tok, quick: bool, sizes: dict, seed: int) -> tuple[list[dict], dict[str, Any]]:
+def _sr_grpo(model, tok, quick: bool, sizes: dict, seed: int) -> tuple[list[dict], dict[str, Any], dict[str, Any]]:
+    """Rows of every (seed, reward) GRPO run, the rewards' AUCs on the initial policy, and the settings used (full
+    mode: with the lr chosen on validation problems, whose runs are rows of section ``sr_grpo_lr``)."""
     held_out = arithmetic_problems(sizes["held_out"], seed=seed + 200)
     seeds = range(seed, seed + sizes["grpo_seeds"])
+    rows: list[dict] = []
     if quick:
         from lit_lowrank.datamodules.tokenizers import ByteTokenizer
 
@@ -423,10 +449,18 @@ def _sr_grpo(model, tok, quick: bool, sizes: dict, seed: int) -> tuple[list[dict
     else:  # SmolLM2 with LoRA: only the adapters train
         policy, tok_used, settings, chat, trainable = _lora_policy(model, GRPO_FULL["lora_rank"]), tok, GRPO_FULL, \
             True, r"lora_"
+        val = arithmetic_problems(GRPO_VAL_PROBLEMS, seed=seed + 300)
+        gains = {}
+        for lr in GRPO_LRS_FULL:
+            runs = _grpo_run(policy, tok_used, "arithmetic", seed, val, {**settings, "lr": lr}, chat=chat,
+                             trainable=trainable)
+            rows += [{**r, "section": "sr_grpo_lr", "lr": lr} for r in runs]
+            gains[lr] = float(np.mean([r["correct_after"] - r["correct_before"] for r in runs]))
+        settings = {**settings, "lr": max(gains, key=gains.get), "lr_val_gain": gains}
     auc = reward_auc(policy, tok_used, held_out, settings, seed, chat=chat)
-    rows = [row for s in seeds for reward in GRPO_REWARDS for row in _grpo_run(
+    rows += [row for s in seeds for reward in GRPO_REWARDS for row in _grpo_run(
         policy, tok_used, reward, s, held_out, settings, chat=chat, trainable=trainable)]
-    return rows, auc
+    return rows, auc, settings
 
 
 # ----------------------------------------------------------------------------- claims
@@ -567,7 +601,8 @@ COMPETITORS = (
 
 def _competitors(rows: list[dict]) -> list[dict]:
     """The cheapest alternatives in stable rank's place (:data:`COMPETITORS`): self-certainty, another
-    annotation-free signal read from the same forward (pairwise), and mean log-prob selection (Best-of-8)."""
+    annotation-free signal read from the same forward (pairwise, and as the GRPO reward), and mean log-prob selection
+    (Best-of-8)."""
     out = []
     for name, section, unit, signal, base, what, text, quantity in COMPETITORS:
         items = [r for r in rows if r["section"] == section]
@@ -576,6 +611,14 @@ def _competitors(rows: list[dict]) -> list[dict]:
                                   statistic=_mean_diff([float(r[signal]) for r in items],
                                                        [float(r[base]) for r in items]),
                                   target=0.0, op=">", unit=unit))
+    after = _grpo_per_problem(rows, "self_certainty", "correct_after")
+    if after:
+        out.append(competitor(
+            "sr_grpo_gain", "GRPO on self-certainty raises greedy task accuracy",
+            competitor="self-certainty (INTUITOR's annotation-free reward, the same frozen scorer) in stable rank's place",
+            quantity="greedy accuracy after - before GRPO on held-out problems, fraction", n_units=len(after),
+            statistic=_mean_diff(after, _grpo_per_problem(rows, "self_certainty", "correct_before")),
+            target=0.0, op=">", unit="problem"))
     return out
 
 
@@ -636,7 +679,7 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
     bon_rows, correctness = timed("best_of_n", lambda: _best_of_n(model, tok, scorer, sizes, seed))
     pair_rows = timed("pairwise", lambda: _pairwise(model, tok, scorer, sizes, seed, correctness))
     with torch_threads(1):  # the tiny policy's steps gain nothing from 2 threads (48 vs 111 CPU-s, same rows)
-        grpo_rows, auc = timed("sr_grpo", lambda: _sr_grpo(model, tok, quick, sizes, seed))
+        grpo_rows, auc, grpo_settings = timed("sr_grpo", lambda: _sr_grpo(model, tok, quick, sizes, seed))
     rows = pair_rows + bon_rows + grpo_rows
     seeds = list(range(seed, seed + sizes["grpo_seeds"]))
     premises = _premises(rows, auc)
@@ -648,7 +691,7 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
         "pairs": {s: sum(1 for r in pair_rows if r["subset"] == s) for s in sorted({r["subset"] for r in pair_rows})},
         "best_of_n": BON, "pair_sampling": PAIR_SAMPLING,
         "sr_grpo": ("quick: tiny byte-level Llama supervised on the arithmetic format (intermediate accuracy), "
-                    f"{GRPO_QUICK}" if quick else f"full: SmolLM2 + LoRA, {GRPO_FULL}")
+                    f"{grpo_settings}" if quick else f"full: SmolLM2 + LoRA, {grpo_settings}")
                    + f"; seeds {seeds}; scorer = frozen initial policy",
         "sr_grpo_reward_auc": auc,
         "phase_cpu_s": phases,
