@@ -165,3 +165,38 @@ def test_self_certainty_and_log_prob_selection_compete_for_the_claims():
     assert resolved["pairwise_vs_logprob"]["verdict"] == "holds"
     assert resolved["pairwise_vs_logprob"]["matched_by"]  # self-certainty beats log-prob as well: not stable rank's
     assert resolved["bon_greedy"]["verdict"] == "holds" and not resolved["bon_greedy"]["matched_by"]
+
+
+def test_self_certainty_reward_is_the_scorers_signal_and_competes_with_sr_grpo():
+    """INTUITOR's reward reads the same scorer forward as stable rank; GRPO on it is SR-GRPO's competitor."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from lit_lowrank.benchmarks._claims import resolve
+    from lit_lowrank.benchmarks.stable_rank import SelfCertaintyReward, _claims, _competitors, _premises
+    from lit_lowrank.datamodules.tokenizers import ByteTokenizer
+    from lit_lowrank.decoding.stable_rank import ResponseScorer
+
+    torch.manual_seed(0)
+    tok = ByteTokenizer()
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=tok.vocab_size, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2)).eval()
+    prompts, completions = ["What is 2 + 2?", "Name a colour."], [" 4", " blue blue blue"]
+    got = SelfCertaintyReward(model, tok)(prompts, completions, answer=["4", ""])  # extra columns are ignored
+    want = ResponseScorer(model, tok).signals(prompts, completions, ("self_certainty",))["self_certainty"]
+    assert got == pytest.approx(want.tolist()) and len(set(got)) == 2
+
+    def grpo(reward: str, gain: float) -> list[dict]:
+        return [{"section": "sr_grpo", "reward": reward, "seed": 0, "problem": p, "correct_before": 0.0,
+                 "correct_after": gain if p % 4 else 0.0, "degenerate_before": 0.0, "degenerate_after": 0.0}
+                for p in range(40)]
+
+    base = [{"section": "pairwise", "stable_rank": 1.0, "mean_log_prob": 0.0, "random": 0.0, "length": 0.0,
+             "shortness": 0.0} for _ in range(20)]
+    base += [{"section": "best_of_n", "stable_rank": 1.0, "greedy": 0.0, "oracle": 1.0, "random": 0.0,
+              "length": 0.0, "mean_log_prob": 0.0} for _ in range(12)]
+    for sc_gain, matched in ((1.0, True), (0.0, False)):
+        rows = base + grpo("stable_rank", 1.0) + grpo("length", 0.0) + grpo("self_certainty", sc_gain)
+        claims, _ = _claims(rows, [0], gaming=False, informative=False)
+        gain = next(c for c in resolve(claims, _premises(rows, {}), _competitors(rows))
+                    if c.get("name") == "sr_grpo_gain")
+        assert gain["verdict"] == "holds" and bool(gain["matched_by"]) == matched
