@@ -22,10 +22,10 @@ same learning-rate grid selected on held-out data, claims computed over paired s
    adapters on every Linear of layer 6 (q, k, v, attention out, FFN in/out), 16-token tweets, 20 steps of 16,
    LoRA / ScaledGD / SDS-LoRA / SaMA / PoLAR on a 2-point lr grid;
    full: adapters on every Linear of all 6 layers, 16-token tweets, 300 steps of 16 (one epoch of 4,800 tweets), the
-   same six methods and PiSSA, each adapter on the 3-point grid (full fine-tuning on quick's 2 points), chosen on the first
-   seed's validation loss, then 4 more seeds at the selected lr. Every method's
-   body lr from one grid, chosen on the validation split; the test split decides the claims. Controls: LoRA with another seed (a null: must not "beat" LoRA) and LoRA trained on
-   shuffled labels.
+   same six methods and PiSSA, each adapter on a 4-point grid (1e-4 … 3e-3) and full fine-tuning on its own 3 points
+   (1e-5 … 1e-4), PiSSA also at its published 2e-5, chosen on the first seed's validation loss, then 4 more seeds
+   at the selected lr; a selected lr on its grid's edge is named in the notes (``minilm_grid_edge``). The test split decides the claims. Controls: LoRA
+   with another seed (a null: must not "beat" LoRA) and LoRA trained on shuffled labels.
 
 Claims: SDS-LoRA's steps to tolerance do not grow with the initial factors' κ (≤ 2× from κ = 1 to 1000) while
 LoRA's do (≥ 2×), nor with an ill-conditioned solution, and SDS-LoRA needs fewer steps than ScaledGD there;
@@ -97,10 +97,13 @@ FULL_LRS: tuple[float, ...] = (1e-5, 3e-5, 1e-4)   # the same 3-point grid on fu
 ADAPTER_LRS_QUICK: tuple[float, ...] = (3e-3, 1e-2)  # quick: the 2 upper points, the same grid for every method
 FULL_LRS_QUICK: tuple[float, ...] = (3e-5, 1e-4)
 FULL_MAX_LENGTH = 16
-#: full mode: every adapter on the whole grid; full fine-tuning (the gap reference, no claim of its own) on the two
-#: points quick mode searches, to fit the budget
-ADAPTER_LRS_FULL: tuple[float, ...] = ADAPTER_LRS
-FULL_LRS_FULL: tuple[float, ...] = FULL_LRS_QUICK
+#: full mode, 4 points for every adapter: the first full run picked 1e-3, the lowest point of ADAPTER_LRS, for every
+#: adapter, and at 1e-2 every adapter but PoLAR fell to the majority class (val loss ≥ 1.04), so the grid moves down a
+#: decade and keeps 3e-3 to bound it from above; full fine-tuning (the gap reference) on its own 3-point grid
+ADAPTER_LRS_FULL: tuple[float, ...] = (1e-4, 3e-4, 1e-3, 3e-3)
+FULL_LRS_FULL: tuple[float, ...] = FULL_LRS
+#: a baseline's published lr joins its grid (the shared grid still runs): PiSSA's 2e-5 (arXiv 2404.02948, AdamW)
+PUBLISHED_LRS: dict[str, tuple[float, ...]] = {"pissa": (2e-5,)}
 #: (target, unit field, description) of the fit claims beyond the full-rank Gaussian ΔW*
 FIT_OTHER_TARGETS: tuple[tuple[str, str, str], ...] = (
     ("decaying", "seed", "a decaying-spectrum ΔW* (σᵢ = 1/i, 64×64, budget 512)"),
@@ -214,10 +217,11 @@ def _finetune_section(model: str, methods: Sequence[str], seeds: Sequence[int], 
                       full_lrs: Sequence[float] = FULL_LRS,
                       full_deltas: dict[int, dict[str, torch.Tensor]] | None = None,
                       full_bases: dict[str, torch.Tensor] | None = None,
+                      published_lrs: dict[str, tuple[float, ...]] | None = None,
                       ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Rows of every (method, grid lr, seed) run plus the controls at LoRA's selected lr; ``full_deltas``, when
-    given, is filled with full fine-tuning's learned ``ΔW`` per seed at its selected lr, and ``full_bases`` with
-    the pretrained weights of the same layers (same names)."""
+    """Rows of every (method, grid lr, seed) run plus the controls at LoRA's selected lr; ``published_lrs`` adds a
+    method's published lr to its grid; ``full_deltas``, when given, is filled with full fine-tuning's learned ``ΔW``
+    per seed at its selected lr, and ``full_bases`` with the pretrained weights of the same layers (same names)."""
     if model == "minilm":
         splits = tweet_splits("minilm", max_length, sizes)
         trunk = MiniLMTop.from_pretrained(adapt_layers) if adapt_layers else PretrainedTrunk.minilm()
@@ -237,9 +241,10 @@ def _finetune_section(model: str, methods: Sequence[str], seeds: Sequence[int], 
         keep = learned.setdefault((lr, s), {}) if method == "full" and full_deltas is not None else None
         return finetune_run(trunk, method, lr, s, data, config, lokr, deltas=keep)
 
+    grids = {m: sorted({*(full_lrs if m == "full" else adapter_lrs), *(published_lrs or {}).get(m, ())})
+             for m in methods}
     for method in methods:
-        grid = full_lrs if method == "full" else adapter_lrs
-        for lr in grid:
+        for lr in grids[method]:
             for s in tuning:
                 rows.append(one(method, lr, s))
         selected[method] = select_lr(rows, method, tuning)
@@ -261,10 +266,13 @@ def _finetune_section(model: str, methods: Sequence[str], seeds: Sequence[int], 
     for row in rows:
         row["section"] = f"finetune_{model}"
         row["selected"] = row["lr"] == selected.get(row["method"], lr)
-    notes = {f"{model}_selected_lr": selected, f"{model}_lokr": lokr, f"{model}_tuning_seeds": tuning,
+    edges = {m: lr for m, lr in selected.items() if lr in (min(grids[m]), max(grids[m]))}
+    notes = {f"{model}_selected_lr": selected, f"{model}_grid_edge": edges, f"{model}_tuning_seeds": tuning,
+             f"{model}_lokr": lokr,
              f"{model}_steps": config.steps, f"{model}_batch": config.batch_size, f"{model}_max_length": max_length,
              f"{model}_split_sizes": sizes, f"{model}_adapt_layers": adapt_layers or "all",
-             f"{model}_lr_grid": {"adapters": list(adapter_lrs), "full": list(full_lrs)}}
+             f"{model}_lr_grid": {"adapters": list(adapter_lrs), "full": list(full_lrs),
+                                  **{m: grids[m] for m in (published_lrs or {}) if m in grids}}}
     return rows, notes
 
 
@@ -513,6 +521,7 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
             ft, ft_notes = _finetune_section("minilm", FT_METHODS_FULL, seeds, tune_all_seeds=False, config=config,
                                              max_length=FULL_MAX_LENGTH, sizes=(4800, 500, 1000), adapt_layers=None,
                                              adapter_lrs=ADAPTER_LRS_FULL, full_lrs=FULL_LRS_FULL,
+                                             published_lrs=PUBLISHED_LRS,
                                              full_deltas=deltas, full_bases=bases)
             sections = [("finetune_minilm", "MiniLM")]
         rows += ft
