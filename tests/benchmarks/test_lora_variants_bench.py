@@ -158,3 +158,24 @@ def test_claims_need_a_kappa_that_slows_lora_and_a_gap_to_full_fine_tuning():
     loss_claim = resolve(claims, gap, comps)[0]
     assert loss_claim["verdict"] == "no_headroom" and loss_claim["measured_verdict"] == "holds"
     assert loss_claim["matched_by"] == []  # ScaledGD (loss 1.0) does not close the gap
+
+
+def test_finetune_section_adds_a_published_lr_to_its_method_only_and_names_grid_edges():
+    import torch
+
+    from lit_lowrank.benchmarks.lora_variants import _finetune_section
+    from lit_lowrank.benchmarks.lora_variants.finetune import FinetuneConfig
+
+    torch.set_num_threads(1)
+    rows, notes = _finetune_section("minilm", ("full", "lora", "pissa"), [0, 1], tune_all_seeds=False,
+                                    config=FinetuneConfig(steps=1, batch_size=4, measure_every=1), max_length=8,
+                                    sizes=(16, 8, 8), adapt_layers=1, adapter_lrs=(1e-3, 3e-3), full_lrs=(3e-5,),
+                                    published_lrs={"pissa": (2e-5,)})
+    tuned = {m: sorted(r["lr"] for r in rows if r["method"] == m and r["seed"] == 0) for m in ("lora", "pissa")}
+    assert tuned == {"lora": [1e-3, 3e-3], "pissa": [2e-5, 1e-3, 3e-3]}
+    assert notes["minilm_lr_grid"] == {"adapters": [1e-3, 3e-3], "full": [3e-5], "pissa": [2e-5, 1e-3, 3e-3]}
+    selected = notes["minilm_selected_lr"]
+    # the second seed runs only at the selected lr; a 2-point grid's choice is always on its edge
+    assert all(r["lr"] == selected[r["method"]] for r in rows if r["seed"] == 1 and r["method"] in selected)
+    assert notes["minilm_grid_edge"]["lora"] == selected["lora"] and notes["minilm_grid_edge"]["full"] == 3e-5
+    assert ("pissa" in notes["minilm_grid_edge"]) == (selected["pissa"] != 1e-3)
