@@ -15,31 +15,18 @@ shorter items), each with a 95% bootstrap interval, and writes the rows to
 from __future__ import annotations
 
 import json
-import re
 import time
 
 import numpy as np
 import torch
 
+from lit_lowrank.benchmarks.stable_rank_lists import CATEGORIES, WINDOW, line_items, list_prompt
 from lit_lowrank.decoding.stable_rank import ResponseScorer, eos_token_ids, sample_responses
 from lit_lowrank.models import load_smollm2
 
-CATEGORIES = (
-    "animals", "fruits", "vegetables", "countries", "colors", "sports", "jobs", "cities", "musical instruments",
-    "kitchen tools", "flowers", "birds", "fish", "car brands", "board games", "programming languages", "rivers",
-    "mountains", "trees", "insects", "desserts", "drinks", "clothes", "furniture", "school subjects", "body parts",
-    "planets and moons", "dog breeds", "languages", "famous painters", "breakfast foods", "things in a garden",
-    "weather words", "emotions", "hobbies", "farm animals", "ocean animals", "spices", "tools", "shapes",
-)
-ITEMS, SAMPLES, NEW_TOKENS, WINDOW = 15, 6, 96, 64
+SAMPLES, NEW_TOKENS = 6, 96
 SIGNALS = ("stable_rank_raw", "stable_rank", "mean_log_prob", "self_certainty")
-
-
-def items(text: str) -> list[str]:
-    """The normalised items of a numbered list's complete lines (the last line may be cut by the window)."""
-    lines = text.split("\n")[:-1]
-    out = [re.sub(r"[^a-z ]", "", re.sub(r"^\s*\d+\s*[.):-]?\s*", "", ln.lower())).strip() for ln in lines]
-    return [o for o in out if o]
+items = line_items  # this measurement's reading: numbered lines only (the benchmark reads inline lists too)
 
 
 def auc(pos: np.ndarray, neg: np.ndarray) -> float:
@@ -60,8 +47,7 @@ def main() -> None:
     torch.manual_seed(0)
     model, tok = load_smollm2()
     model.eval()
-    prompts = [f"List {ITEMS} different {c}. Write one per line, numbered 1 to {ITEMS}, with no other text."
-               for c in CATEGORIES]
+    prompts = [list_prompt(c) for c in CATEGORIES]
     scorer = ResponseScorer(model, tok, chat=True)
     pids = [scorer.prompt_ids(p) for p in prompts]
     eos = eos_token_ids(model, tok)
