@@ -7,11 +7,13 @@ length as well as for not repeating, and GRPO on it *raised* the held-out collap
 the benchmark's exact settings (:func:`~lit_lowrank.benchmarks.stable_rank_lists._grpo_run`, seed 0, the same 24
 training and 16 held-out categories, the same sampling seeds, so "before" is the committed run's) with a strict
 reward: items / 15 for a list without a repeat, 0 for one with. Writes
-``docs/measurements/stable_rank_lists_strict_reward.json``; the card ``docs/methods/stable_rank.md`` quotes it.
+``docs/measurements/stable_rank_lists_strict_reward.json``; ``--lr 3e-4`` runs the same at another learning rate
+and writes ``..._lr3e-04.json``. The card ``docs/methods/stable_rank.md`` quotes both.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import tempfile
 import time
@@ -53,7 +55,8 @@ class StrictListReward:
         return out
 
 
-def main() -> None:
+def main(lr: float) -> None:
+    GRPO["lr"] = lr  # the benchmark's settings otherwise
     torch.set_num_threads(2)
     torch.manual_seed(0)
     start = time.time()
@@ -81,9 +84,12 @@ def main() -> None:
         summary[k] = {"before": float(b.mean()), "after": float(a.mean()), "diff": float((a - b).mean()),
                       "ci": list(ci) if ci else None}
         print(f"{k}: {b.mean():.3f} -> {a.mean():.3f} ({(a - b).mean():+.3f}, CI {ci})", flush=True)
-    with open("docs/measurements/stable_rank_lists_strict_reward.json", "w") as f:
+    suffix = "" if lr == 1e-4 else f"_lr{lr:.0e}"
+    with open(f"docs/measurements/stable_rank_lists_strict_reward{suffix}.json", "w") as f:
         json.dump({"summary": summary, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lr", type=float, default=1e-4, help="the GRPO learning rate (the benchmark's: 1e-4)")
+    main(parser.parse_args().lr)
