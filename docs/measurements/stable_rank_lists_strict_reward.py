@@ -6,7 +6,8 @@ length as well as for not repeating, and GRPO on it *raised* the held-out collap
 ``list_reward_teaches`` failed for a reason of the reward, not of the dose. This script repeats that one GRPO run at
 the benchmark's exact settings (:func:`~lit_lowrank.benchmarks.stable_rank_lists._grpo_run`, seed 0, the same 24
 training and 16 held-out categories, the same sampling seeds, so "before" is the committed run's) with a strict
-reward: items / 15 for a list without a repeat, 0 for one with. Writes
+reward: items / 15 for a list without a repeat, 0 for one with (since then the benchmark's own upper baseline,
+:class:`~lit_lowrank.benchmarks.stable_rank_lists.StrictListReward`, run here by name). Writes
 ``docs/measurements/stable_rank_lists_strict_reward.json``; ``--lr 3e-4`` runs the same at another learning rate
 and writes ``..._lr3e-04.json``. The card ``docs/methods/stable_rank.md`` quotes both.
 """
@@ -28,11 +29,9 @@ from lit_lowrank.benchmarks.stable_rank import _lora_policy
 from lit_lowrank.benchmarks.stable_rank_lists import (
     CATEGORIES,
     GRPO,
-    ITEMS,
+    HELD_OUT,
     TRAIN_CATEGORIES,
     _grpo_run,
-    is_collapsed,
-    list_items,
     list_prompt,
     sample_lists,
 )
@@ -42,30 +41,16 @@ from lit_lowrank.models import load_smollm2
 COMMITTED = "docs/results/stable_rank_lists.full.json"
 
 
-class StrictListReward:
-    """items / :data:`ITEMS` for a list without a repeated item, 0 for one with (a repeat cannot be bought by length)."""
-
-    __name__ = "strict_list"
-
-    def __call__(self, prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
-        out = []
-        for c in completions:
-            got = list_items(str(c), ended=True)
-            out.append(0.0 if is_collapsed(got) else len(got) / ITEMS)
-        return out
-
-
 def main(lr: float) -> None:
-    GRPO["lr"] = lr  # the benchmark's settings otherwise
     torch.set_num_threads(2)
     torch.manual_seed(0)
     start = time.time()
     model, tok = load_smollm2()
     model.eval()
     scorer = ResponseScorer(model, tok, chat=True, batch_size=8)
-    held_out = list(range(TRAIN_CATEGORIES, len(CATEGORIES)))
+    held_out = list(HELD_OUT)
     before = sample_lists(model, tok, scorer, held_out, 0, score=False)
-    committed = [r for r in json.load(open(COMMITTED))["rows"] if r["section"] == "sr_grpo" and r["reward"] == "list"]
+    committed = [r for r in json.load(open(COMMITTED))["rows"] if r["section"] == "sr_grpo" and r["reward"] == "random"]
     again = [float(np.mean([r["collapsed"] for r in before if r["category"] == c])) for c in held_out]
     if again != [r["collapsed_before"] for r in committed]:
         raise RuntimeError(f"the held-out samples differ from {COMMITTED}'s: this checkout does not reproduce it.")
@@ -73,11 +58,9 @@ def main(lr: float) -> None:
         path = Path(tmp) / "lists.jsonl"
         lines = [list_prompt(CATEGORIES[c]) for c in range(TRAIN_CATEGORIES)] + [list_prompt("things")]
         path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in lines), encoding="utf-8")
-        rows = _grpo_run(_lora_policy(model, GRPO["lora_rank"]), tok, StrictListReward(), 0, held_out, before,
-                         scorer, path)
-    for r in rows:
-        r["reward"] = "strict_list"
-    summary: dict[str, Any] = {"seconds": round(time.time() - start, 1), "grpo": GRPO}
+        rows = _grpo_run(_lora_policy(model, GRPO["lora_rank"]), tok, "strict_list", 0, lr, {"held_out": held_out},
+                         before, scorer, path)
+    summary: dict[str, Any] = {"seconds": round(time.time() - start, 1), "grpo": {**GRPO, "lr": lr}}
     for k in ("collapsed", "items", "distinct", "ended", "tokens"):
         a, b = np.array([r[f"{k}_after"] for r in rows]), np.array([r[f"{k}_before"] for r in rows])
         ci = bootstrap_interval(len(rows), lambda idx: float(a[idx].mean() - b[idx].mean()))

@@ -19,12 +19,14 @@ dropped. Sections:
   (its expectation), per category. Premise: an oracle pick beats the random pick (room). Control: the *lowest* stable
   rank must not beat the random pick.
 - ``sr_grpo`` (full only; ~18 s a GRPO step on 2 threads): SmolLM2 with PEFT LoRA (r 8 on every projection) trained
-  by GRPO on the first :data:`TRAIN_CATEGORIES` categories with, in turn, the length-normalised stable rank (SR-GRPO,
-  scored by the frozen initial policy), self-certainty (INTUITOR's annotation-free reward, the competitor), the
-  checkable list reward (distinct items minus repeats, the upper baseline that shows the dose can move the quantity)
-  and two controls: a random reward and the pure length reward (characters). Quantity: the collapsed rate of :data:`SAMPLES` sampled lists per held-out
-  category, before and after, with the same sampling seeds; items per list and early stops are reported beside it,
-  since a shorter list is an easy way not to repeat.
+  by GRPO on the first :data:`TRAIN_CATEGORIES` categories with, in turn, the checkable strict list reward (items /
+  15 without a repeat, 0 with one: the upper baseline that shows the dose can move the quantity), the
+  length-normalised stable rank (SR-GRPO, scored by the frozen initial policy), self-certainty (INTUITOR's
+  annotation-free reward, the competitor) and two controls: a random reward and the pure length reward (characters).
+  The lr is picked from :data:`GRPO_LRS` for the strict reward on :data:`VALIDATION` (section ``sr_grpo_lr``) and
+  shared by every reward. Quantities (pre-registered): the collapsed rate of :data:`SAMPLES` sampled lists per
+  :data:`HELD_OUT` category, before and after, with the same sampling seeds, and the distinct items per list; items
+  per list and early stops are reported beside them, since a shorter list is an easy way not to repeat.
 
 The scorer is SmolLM2 itself (chat template, final-norm hidden states, special tokens excluded), as in
 ``stable_rank``. Units are categories; CIs are paired percentile bootstraps over them.
@@ -49,20 +51,29 @@ from lit_lowrank.benchmarks.harness import BenchmarkResult, competitor, premise,
 from lit_lowrank.benchmarks.stable_rank import SelfCertaintyReward, _lora_policy, _mean_diff, length_reward
 from lit_lowrank.decoding.stable_rank import ResponseScorer, decode_completion, eos_token_ids, sample_responses
 
-#: The 40 list categories (the first :data:`TRAIN_CATEGORIES` train SR-GRPO, the rest are held out).
+#: The 52 list categories: the first :data:`TRAIN_CATEGORIES` train SR-GRPO, :data:`HELD_OUT` measure it,
+#: :data:`VALIDATION` pick its lr.
 CATEGORIES = (
     "animals", "fruits", "vegetables", "countries", "colors", "sports", "jobs", "cities", "musical instruments",
     "kitchen tools", "flowers", "birds", "fish", "car brands", "board games", "programming languages", "rivers",
     "mountains", "trees", "insects", "desserts", "drinks", "clothes", "furniture", "school subjects", "body parts",
     "planets and moons", "dog breeds", "languages", "famous painters", "breakfast foods", "things in a garden",
     "weather words", "emotions", "hobbies", "farm animals", "ocean animals", "spices", "tools", "shapes",
+    # validation categories (full mode): GRPO's lr is picked on these, never on the held-out ones
+    "vehicles", "toys", "cheeses", "gemstones", "reptiles", "breads", "nuts", "fabrics", "dances", "music genres",
+    "office supplies", "holidays",
 )
 ITEMS, SAMPLES, WINDOW, TRAIN_CATEGORIES = 15, 6, 64, 24
+#: held-out categories (the SR-GRPO quantity) and validation categories (the lr choice), by index
+HELD_OUT, VALIDATION = tuple(range(TRAIN_CATEGORIES, 40)), tuple(range(40, 52))
 SAMPLING = {"temperature": 0.9, "top_p": 0.95}
 SIGNALS = ("stable_rank", "mean_log_prob", "self_certainty")
 QUICK_CATEGORIES = 16
-GRPO = {"steps": 30, "group_size": 4, "batch_size": 2, "lr": 1e-4, "lora_rank": 8, "beta": 0.04}
-GRPO_REWARDS = ("list", "stable_rank", "self_certainty", "random", "length")
+GRPO = {"steps": 30, "group_size": 4, "batch_size": 2, "lora_rank": 8, "beta": 0.04}
+#: GRPO's lr is picked from this grid for the checkable (strict list) reward on :data:`VALIDATION`, then shared by
+#: every reward (the ``stable_rank`` benchmark's protocol with its verifiable reward)
+GRPO_LRS = (1e-4, 3e-4)
+GRPO_REWARDS = ("strict_list", "stable_rank", "self_certainty", "random", "length")
 
 PAPER_PAIRWISE = "stable rank achieves 84.04% accuracy on RewardBench"
 PAPER_BON = "improves task accuracy by an average of 14.1% relative to greedy decoding via Best-of-N sampling"
@@ -106,18 +117,18 @@ def is_collapsed(items: Sequence[str]) -> bool:
     return len(set(items)) < len(items)
 
 
-class ListReward:
-    """The checkable reward: (distinct items − repeated occurrences) / :data:`ITEMS` of the completion's list, so a
-    long list without repeats scores highest and a short one cannot win by stopping early. TRL-style
-    ``(prompts, completions, **kwargs) -> list[float]``."""
+class StrictListReward:
+    """The checkable reward: items / :data:`ITEMS` for a list without a repeated item, 0 for one with, so a repeat
+    cannot be bought by length (an earlier (distinct − repeats) / 15 reward paid for length, and GRPO on it raised
+    the collapsed rate). TRL-style ``(prompts, completions, **kwargs) -> list[float]``."""
 
-    __name__ = "list"
+    __name__ = "strict_list"
 
     def __call__(self, prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
         out = []
         for c in completions:
             got = list_items(str(c), ended=True)
-            out.append((2 * len(set(got)) - len(got)) / ITEMS)
+            out.append(0.0 if is_collapsed(got) else len(got) / ITEMS)
         return out
 
 
@@ -226,48 +237,70 @@ def _best_of_n(rows: list[dict]) -> list[dict]:
     return out
 
 
-def _grpo_run(policy: torch.nn.Module, tok: Any, reward: str, seed: int, held_out: Sequence[int],
-              before: list[dict], scorer: ResponseScorer, prompts_file: Path) -> list[dict]:
-    """GRPO on the training categories with ``reward``; per held-out category, the lists before (``before``, the
-    initial policy's samples) and after, with the same sampling seeds."""
+_MEASURES = ("collapsed", "items", "distinct", "ended", "tokens")
+
+
+def _grpo_run(policy: torch.nn.Module, tok: Any, reward: str, seed: int, lr: float,
+              evals: dict[str, Sequence[int]], before: list[dict], scorer: ResponseScorer,
+              prompts_file: Path) -> list[dict]:
+    """GRPO on the training categories with ``reward`` at ``lr``; per category of each split in ``evals`` (split name
+    → category indices), the lists before (``before``, the initial policy's samples) and after, with the same
+    sampling seeds."""
     import lightning.pytorch as pl
 
     from lit_lowrank.datamodules.prompts import PromptDataModule
     from lit_lowrank.tasks.grpo import GRPOModule
 
     torch.manual_seed(seed)
-    reward_arg: Any = {"list": ListReward(), "random": RandomReward(seed), "length": length_reward,
+    reward_arg: Any = {"strict_list": StrictListReward(), "random": RandomReward(seed), "length": length_reward,
                        "self_certainty": SelfCertaintyReward(policy, tok, chat=True)}.get(reward, reward)
     module = GRPOModule(policy=copy.deepcopy(policy), tokenizer=tok, reward=reward_arg, group_size=GRPO["group_size"],
                         max_new_tokens=WINDOW, chat=True, beta=GRPO["beta"], updates_per_batch=1, trainable=r"lora_",
-                        optimizer=lambda p: torch.optim.AdamW(p, lr=GRPO["lr"], weight_decay=0.0), **SAMPLING)
+                        optimizer=lambda p: torch.optim.AdamW(p, lr=lr, weight_decay=0.0), **SAMPLING)
     trainer = pl.Trainer(max_steps=GRPO["steps"], accelerator="cpu", devices=1, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          limit_val_batches=0)
     trainer.fit(module, datamodule=PromptDataModule(str(prompts_file), batch_size=GRPO["batch_size"], num_val=1,
                                                      seed=seed))
-    after = sample_lists(module.policy.eval(), tok, scorer, held_out, seed, score=False)
     out = []
-    for c in held_out:
-        b = [r for r in before if r["category"] == c]
-        a = [r for r in after if r["category"] == c]
-        out.append({"section": "sr_grpo", "reward": reward, "category": c,
-                    **{f"{k}_{when}": float(np.mean([r[k] for r in rs])) for when, rs in (("before", b), ("after", a))
-                       for k in ("collapsed", "items", "distinct", "ended", "tokens")}})
+    for split, categories in evals.items():
+        after = sample_lists(module.policy.eval(), tok, scorer, categories, seed, score=False)
+        for c in categories:
+            b = [r for r in before if r["category"] == c]
+            a = [r for r in after if r["category"] == c]
+            out.append({"section": "sr_grpo", "split": split, "reward": reward, "lr": lr, "category": c,
+                        **{f"{k}_{when}": float(np.mean([r[k] for r in rs])) for when, rs in (("before", b),
+                                                                                              ("after", a))
+                           for k in _MEASURES}})
     return out
 
 
-def _sr_grpo(model: torch.nn.Module, tok: Any, scorer: ResponseScorer, samples: list[dict], seed: int) -> list[dict]:
+def _collapse_change(rows: list[dict]) -> float:
+    return float(np.mean([r["collapsed_after"] - r["collapsed_before"] for r in rows]))
+
+
+def _sr_grpo(model: torch.nn.Module, tok: Any, scorer: ResponseScorer, samples: list[dict],
+             seed: int) -> tuple[list[dict], dict[str, Any]]:
+    """The lr runs (the strict list reward at each of :data:`GRPO_LRS`, measured on :data:`VALIDATION` and
+    :data:`HELD_OUT`; section ``sr_grpo_lr``), then every reward at the lr that lowered the validation collapsed rate
+    most (ties: the lower lr). Rows of section ``sr_grpo`` are the held-out categories at that lr."""
     policy = _lora_policy(model, GRPO["lora_rank"])
-    held_out = list(range(TRAIN_CATEGORIES, len(CATEGORIES)))
-    before = [r for r in samples if r["category"] in held_out]
     with tempfile.TemporaryDirectory() as tmp:
         # the training categories, then one validation line the module requires (never trained on)
         path = Path(tmp) / "lists.jsonl"
         lines = [list_prompt(CATEGORIES[c]) for c in range(TRAIN_CATEGORIES)] + [list_prompt("things")]
         path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in lines), encoding="utf-8")
-        return [row for reward in GRPO_REWARDS
-                for row in _grpo_run(policy, tok, reward, seed, held_out, before, scorer, path)]
+        lr_runs = {lr: _grpo_run(policy, tok, "strict_list", seed, lr, {"validation": VALIDATION,
+                                                                         "held_out": HELD_OUT}, samples, scorer, path)
+                   for lr in GRPO_LRS}
+        val_change = {lr: _collapse_change([r for r in runs if r["split"] == "validation"])
+                      for lr, runs in lr_runs.items()}
+        chosen = min(GRPO_LRS, key=lambda lr: (val_change[lr], lr))
+        rows = [{**r, "section": "sr_grpo_lr"} for runs in lr_runs.values() for r in runs]
+        rows += [r for r in lr_runs[chosen] if r["split"] == "held_out"]
+        for reward in GRPO_REWARDS[1:]:
+            rows += _grpo_run(policy, tok, reward, seed, chosen, {"held_out": HELD_OUT}, samples, scorer, path)
+    return rows, {"lr": chosen, "validation_collapse_change": {f"{lr:g}": v for lr, v in val_change.items()}}
 
 
 # ----------------------------------------------------------------------------- claims
@@ -293,8 +326,8 @@ def _premises(rows: list[dict]) -> list[dict]:
                    quantity="clean rate(oracle pick) - clean rate(random pick), fraction of categories",
                    statistic=_stat(bon, "oracle", "random"), n_units=len(bon), target=0.0, op=">", unit="category")]
     train = [r for r in rows if r["section"] == "pairwise" and r["category"] < TRAIN_CATEGORIES]
-    listed = _per_reward(rows, "list")
-    if listed:
+    strict = _per_reward(rows, "strict_list")
+    if strict:
         out.append(premise(
             "grpo_reward_informative", "on the training prompts, stable rank ranks the initial policy's clean lists "
             "above its collapsed ones", needs="a reward that tells clean from collapsed samples of the policy it "
@@ -303,11 +336,18 @@ def _premises(rows: list[dict]) -> list[dict]:
                                                                                                  0.0),
             n_units=len(train), target=0.5, op=">", unit="category"))
         out.append(premise(
-            "list_reward_teaches", "GRPO on the checkable list reward lowers the held-out collapsed rate",
-            needs="a dose (steps, lr, LoRA) that can move the collapsed rate when the reward is the label itself",
-            quantity="collapsed rate after - before GRPO on the list reward, fraction of a category's samples",
-            statistic=_stat(listed, "collapsed_after", "collapsed_before"), n_units=len(listed), target=0.0,
-            op="<", unit="category"))
+            "list_reward_teaches", "GRPO on the checkable (strict list) reward lowers the held-out collapsed rate",
+            needs="a dose (steps, lr picked on validation categories, LoRA) that can move the collapsed rate when the "
+            "reward is the label itself", quantity="collapsed rate after - before GRPO on the strict list reward, "
+            "fraction of a held-out category's samples", statistic=_stat(strict, "collapsed_after",
+                                                                          "collapsed_before"),
+            n_units=len(strict), target=0.0, op="<", unit="category"))
+        out.append(premise(
+            "list_reward_adds_distinct", "GRPO on the checkable (strict list) reward raises the held-out distinct "
+            "items per list", needs="a dose that can move the distinct-item count when the reward pays for it",
+            quantity="distinct items per list after - before GRPO on the strict list reward, mean over a held-out "
+            "category's samples", statistic=_stat(strict, "distinct_after", "distinct_before"), n_units=len(strict),
+            target=0.0, op=">", unit="category"))
     return out
 
 
@@ -349,24 +389,31 @@ def _claims(rows: list[dict]) -> tuple[list[dict], list[dict], list[dict]]:
                        statistic=_stat(bon, signal, "random"), target=0.0, op=">", unit="category")]
     sr = _per_reward(rows, "stable_rank")
     if sr:
-        q = "collapsed rate after - before GRPO on the {}, fraction of a held-out category's samples"
-        claims.append(statistic_claim(
-            "SR-GRPO (length-normalised stable rank, no labels used) lowers the held-out collapsed-list rate",
-            paper=PAPER_GRPO, quantity=q.format("stable-rank reward"), n_units=len(sr),
-            statistic=_stat(sr, "collapsed_after", "collapsed_before"), target=0.0, op="<", unit="category",
-            name="sr_grpo_lists", requires=["grpo_reward_informative", "list_reward_teaches"]))
-        sc = _per_reward(rows, "self_certainty")
-        competitors.append(competitor(
-            "sr_grpo_lists", "GRPO on self-certainty lowers the held-out collapsed-list rate",
-            competitor="self-certainty (INTUITOR's annotation-free reward, the same frozen scorer) in stable rank's "
-            "place", quantity=q.format("self-certainty reward"), n_units=len(sc),
-            statistic=_stat(sc, "collapsed_after", "collapsed_before"), target=0.0, op="<", unit="category"))
-        for reward, what in (("random", "a random reward"), ("length", "response length (characters)")):
-            rs = _per_reward(rows, reward)
-            controls.append(statistic_claim(
-                f"control: GRPO on {what} lowers the held-out collapsed-list rate", paper="(control)",
-                quantity=q.format(f"{reward} reward"), n_units=len(rs),
-                statistic=_stat(rs, "collapsed_after", "collapsed_before"), target=0.0, op="<", unit="category"))
+        # two pre-registered quantities: the collapsed rate (the label) and the distinct items per list (the
+        # first full run saw SR-GRPO add as many as the checkable reward while the length reward added none)
+        for key, op, what, name, requires in (
+                ("collapsed", "<", "lowers the held-out collapsed-list rate", "sr_grpo_lists",
+                 ["grpo_reward_informative", "list_reward_teaches"]),
+                ("distinct", ">", "raises the held-out distinct items per list", "sr_grpo_lists_distinct",
+                 ["list_reward_adds_distinct"])):
+            q = ("collapsed rate after - before GRPO on the {}, fraction of a held-out category's samples"
+                 if key == "collapsed" else
+                 "distinct items per list after - before GRPO on the {}, mean over a held-out category's samples")
+            stat = lambda rs: _stat(rs, f"{key}_after", f"{key}_before")  # noqa: E731
+            claims.append(statistic_claim(
+                f"SR-GRPO (length-normalised stable rank, no labels used) {what}", paper=PAPER_GRPO,
+                quantity=q.format("stable-rank reward"), n_units=len(sr), statistic=stat(sr), target=0.0, op=op,
+                unit="category", name=name, requires=requires))
+            sc = _per_reward(rows, "self_certainty")
+            competitors.append(competitor(
+                name, f"GRPO on self-certainty {what}", competitor="self-certainty (INTUITOR's annotation-free reward, "
+                "the same frozen scorer) in stable rank's place", quantity=q.format("self-certainty reward"),
+                n_units=len(sc), statistic=stat(sc), target=0.0, op=op, unit="category"))
+            for reward, by in (("random", "a random reward"), ("length", "response length (characters)")):
+                rs = _per_reward(rows, reward)
+                controls.append(statistic_claim(
+                    f"control: GRPO on {by} {what}", paper="(control)", quantity=q.format(f"{reward} reward"),
+                    n_units=len(rs), statistic=stat(rs), target=0.0, op=op, unit="category"))
     return claims, controls, competitors
 
 
@@ -388,13 +435,17 @@ def _summary(samples: list[dict], rows: list[dict]) -> list[dict]:
     for k in ("random", *SIGNALS, "lowest_stable_rank", "oracle"):
         out.append({"section": f"best_of_n ({len(bon)} categories)", "signal": k,
                     "value": float(np.mean([r[k] for r in bon])), "what": "clean rate of the pick"})
-    for reward in GRPO_REWARDS:
-        items = _per_reward(rows, reward)
+    runs = [(f"sr_grpo_lr: strict_list at lr {lr:g} ({split})",
+             [r for r in rows if r["section"] == "sr_grpo_lr" and r["lr"] == lr and r["split"] == split])
+            for lr in GRPO_LRS for split in ("validation", "held_out")]
+    runs += [(f"sr_grpo ({len(_per_reward(rows, reward))} held-out categories): GRPO reward {reward}",
+              _per_reward(rows, reward)) for reward in GRPO_REWARDS]
+    for section, items in runs:
         if items:
-            row: dict[str, Any] = {"section": f"sr_grpo ({len(items)} held-out categories)",
-                                   "signal": f"GRPO reward: {reward}", "what": "collapsed rate after"}
-            row["value"] = float(np.mean([r["collapsed_after"] for r in items]))
-            for k in ("collapsed", "items", "distinct", "ended", "tokens"):
+            row: dict[str, Any] = {"section": section, "signal": items[0]["reward"], "lr": items[0].get("lr"),
+                                   "what": "collapsed rate after",
+                                   "value": float(np.mean([r["collapsed_after"] for r in items]))}
+            for k in _MEASURES:
                 for when in ("before", "after"):
                     row[f"{k}_{when}"] = float(np.mean([r[f"{k}_{when}"] for r in items]))
             out.append(row)
@@ -421,8 +472,10 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
     categories = list(range(QUICK_CATEGORIES if quick else len(CATEGORIES)))
     samples = timed("samples", lambda: sample_lists(model, tok, scorer, categories, seed))
     rows = _pairwise(samples, seed) + _best_of_n(samples)
+    lr_choice: dict[str, Any] = {}
     if not quick:
-        rows += timed("sr_grpo", lambda: _sr_grpo(model, tok, scorer, samples, seed))
+        grpo_rows, lr_choice = timed("sr_grpo", lambda: _sr_grpo(model, tok, scorer, samples, seed))
+        rows += grpo_rows
     claims, controls, competitors = _claims(rows)
     notes = {
         "task": f"'{list_prompt('{category}')}' (chat template), {SAMPLES} samples a category at {SAMPLING}, at most "
@@ -431,8 +484,10 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
         "scorer": "SmolLM2-135M-Instruct (offline GGUF, dequantised), chat template, post-final-norm, special tokens "
                   "excluded; stable_rank = raw / E[srank | T] of Lee test articles",
         "sr_grpo": ("not run in quick mode (SmolLM2 GRPO steps cost ~18 s each)" if quick else
-                    f"SmolLM2 + LoRA, {GRPO}, sampling {SAMPLING}; held-out categories {TRAIN_CATEGORIES}.."
-                    f"{len(CATEGORIES) - 1}; lr = the stable_rank benchmark's validation choice for SmolLM2 GRPO"),
+                    f"SmolLM2 + LoRA, {GRPO}, sampling {SAMPLING}; training categories 0..{TRAIN_CATEGORIES - 1}, "
+                    f"held-out {HELD_OUT[0]}..{HELD_OUT[-1]}, validation {VALIDATION[0]}..{VALIDATION[-1]}; lr from "
+                    f"{GRPO_LRS} for the strict list reward on validation, shared by every reward"),
+        "grpo_lr": lr_choice,
         "phase_s": phases,
     }
     return BenchmarkResult(rows, claims, controls, notes, _summary(samples, rows), premises=_premises(rows),

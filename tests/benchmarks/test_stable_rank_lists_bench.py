@@ -6,9 +6,12 @@ import numpy as np
 import pytest
 
 from lit_lowrank.benchmarks.stable_rank_lists import (
+    GRPO_LRS,
+    HELD_OUT,
     ITEMS,
-    ListReward,
+    VALIDATION,
     RandomReward,
+    StrictListReward,
     _best_of_n,
     _claims,
     _pairwise,
@@ -37,13 +40,45 @@ def test_collapse_is_a_repeated_normalised_item() -> None:
     assert is_collapsed(list_items("1. Banana, 2. Apple, 3. Banana", ended=True))
 
 
-def test_list_reward_pays_distinct_items_and_charges_repeats() -> None:
-    reward = ListReward()
-    clean, repeated, short = "1. a\n2. b\n3. c", "1. a\n2. b\n3. a", "1. a"
-    out = reward(["p"] * 3, [clean, repeated, short])
-    assert out == pytest.approx([3 / ITEMS, 1 / ITEMS, 1 / ITEMS])
-    assert out[0] > out[1]  # a repeat costs more than it adds
+def test_strict_list_reward_pays_items_and_nothing_for_a_repeat() -> None:
+    reward = StrictListReward()
+    clean, repeated, short, long_repeated = "1. a\n2. b\n3. c", "1. a\n2. b\n3. a", "1. a", "1. a\n2. b\n3. c\n4. a"
+    out = reward(["p"] * 4, [clean, repeated, short, long_repeated])
+    assert out == pytest.approx([3 / ITEMS, 0.0, 1 / ITEMS, 0.0])  # length cannot buy back a repeat
     assert reward(["p"], [""]) == [0.0]
+
+
+def test_the_category_splits_are_disjoint() -> None:
+    from lit_lowrank.benchmarks.stable_rank_lists import CATEGORIES, TRAIN_CATEGORIES
+
+    assert len(set(CATEGORIES)) == len(CATEGORIES) == TRAIN_CATEGORIES + len(HELD_OUT) + len(VALIDATION)
+    assert not set(HELD_OUT) & set(VALIDATION) and min(HELD_OUT + VALIDATION) == TRAIN_CATEGORIES
+
+
+def test_grpo_lr_is_picked_on_validation_and_shared(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lr that lowers the *validation* collapsed rate most trains every reward; held-out rows never choose."""
+    import lit_lowrank.benchmarks.stable_rank_lists as bench
+
+    calls = []
+
+    def fake_run(policy, tok, reward, seed, lr, evals, before, scorer, path):  # noqa: ANN001, ANN202
+        calls.append((reward, lr, tuple(evals)))
+        # validation prefers the larger lr, held-out the smaller: a choice made on held-out would differ
+        drop = {"validation": 0.2 if lr == max(GRPO_LRS) else 0.1, "held_out": 0.3 if lr == min(GRPO_LRS) else 0.0}
+        return [{"section": "sr_grpo", "split": split, "reward": reward, "lr": lr, "category": c,
+                 "collapsed_before": 0.5, "collapsed_after": 0.5 - drop[split]}
+                for split, cats in evals.items() for c in cats]
+
+    monkeypatch.setattr(bench, "_grpo_run", fake_run)
+    monkeypatch.setattr(bench, "_lora_policy", lambda model, rank: model)
+    rows, choice = bench._sr_grpo(object(), None, None, [], 0)
+    assert choice["lr"] == max(GRPO_LRS)
+    assert calls[:len(GRPO_LRS)] == [("strict_list", lr, ("validation", "held_out")) for lr in GRPO_LRS]
+    assert {(r, lr) for r, lr, _ in calls[len(GRPO_LRS):]} == {(r, max(GRPO_LRS)) for r in bench.GRPO_REWARDS[1:]}
+    held = [r for r in rows if r["section"] == "sr_grpo"]
+    assert {r["lr"] for r in held} == {max(GRPO_LRS)} and {r["category"] for r in held} == set(HELD_OUT)
+    assert {r["reward"] for r in held} == set(bench.GRPO_REWARDS)
+    assert len([r for r in rows if r["section"] == "sr_grpo_lr"]) == len(GRPO_LRS) * (len(VALIDATION) + len(HELD_OUT))
 
 
 def test_random_reward_is_seeded_and_blind_to_the_text() -> None:
@@ -87,24 +122,29 @@ def test_claims_follow_the_signal_and_the_controls_do_not() -> None:
     assert [p["name"] for p in _premises(rows)] == ["bon_oracle"]  # no GRPO rows: no GRPO premises
 
 
-def test_sr_grpo_claim_needs_both_premises() -> None:
+def test_sr_grpo_claims_need_their_premises() -> None:
     pw = [{"section": "pairwise", "category": c, "stable_rank": 0.5, "mean_log_prob": 0.5, "self_certainty": 0.5,
            "stable_rank_permuted": 0.5} for c in range(5)]
     bon = [{"section": "best_of_n", "category": c, "random": 0.5, "oracle": 1.0, "stable_rank": 0.5,
             "mean_log_prob": 0.5, "self_certainty": 0.5, "lowest_stable_rank": 0.5} for c in range(5)]
     grpo = [{"section": "sr_grpo", "reward": reward, "category": 30 + c, "collapsed_before": 0.5,
-             "collapsed_after": 0.5 - drop * (1 + 0.1 * c)}
-            for reward, drop in (("list", 0.3), ("stable_rank", 0.2), ("self_certainty", 0.0), ("random", 0.0),
-                                 ("length", -0.1))
+             "collapsed_after": 0.5 - drop * (1 + 0.1 * c), "distinct_before": 8.0,
+             "distinct_after": 8.0 + 4 * drop * (1 + 0.1 * c)}
+            for reward, drop in (("strict_list", 0.3), ("stable_rank", 0.2), ("self_certainty", 0.0),
+                                 ("random", 0.0), ("length", -0.1))
             for c in range(8)]
     claims, controls, competitors = _claims(pw + bon + grpo)
     premises = {p["name"]: p for p in _premises(pw + bon + grpo)}
     assert premises["list_reward_teaches"]["verdict"] == "holds"
+    assert premises["list_reward_adds_distinct"]["verdict"] == "holds"
     assert premises["grpo_reward_informative"]["verdict"] != "holds"  # AUC 0.5 on every training category
-    sr = next(c for c in claims if c["name"] == "sr_grpo_lists")
-    assert sr["verdict"] == "holds" and sr["requires"] == ["grpo_reward_informative", "list_reward_teaches"]
-    assert any(c["for"] == "sr_grpo_lists" for c in competitors)
-    assert [c["verdict"] for c in controls if "GRPO" in c["claim"]] == ["fails", "fails"]
+    by = {c["name"]: c for c in claims}
+    assert by["sr_grpo_lists"]["verdict"] == "holds"
+    assert by["sr_grpo_lists"]["requires"] == ["grpo_reward_informative", "list_reward_teaches"]
+    assert by["sr_grpo_lists_distinct"]["verdict"] == "holds"
+    assert by["sr_grpo_lists_distinct"]["requires"] == ["list_reward_adds_distinct"]
+    assert {c["for"] for c in competitors} >= {"sr_grpo_lists", "sr_grpo_lists_distinct"}
+    assert [c["verdict"] for c in controls if "GRPO" in c["claim"]] == ["fails"] * 4
 
 
 def test_the_line_only_reading_misses_inline_repeats() -> None:
