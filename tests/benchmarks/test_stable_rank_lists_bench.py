@@ -55,6 +55,17 @@ def test_the_category_splits_are_disjoint() -> None:
     assert not set(HELD_OUT) & set(VALIDATION) and min(HELD_OUT + VALIDATION) == TRAIN_CATEGORIES
 
 
+def test_the_shipped_prompts_are_the_training_then_the_validation_categories() -> None:
+    import json
+    from pathlib import Path
+
+    from lit_lowrank.benchmarks.stable_rank_lists import CATEGORIES, TRAIN_CATEGORIES, list_prompt
+
+    path = Path(__file__).parents[2] / "configs/language_model/real/stable_rank_lists_prompts.jsonl"
+    shipped = [json.loads(line)["prompt"] for line in path.read_text(encoding="utf-8").splitlines()]
+    assert shipped == [list_prompt(CATEGORIES[c]) for c in (*range(TRAIN_CATEGORIES), *VALIDATION)]
+
+
 def test_grpo_lr_is_picked_on_validation_and_shared(monkeypatch: pytest.MonkeyPatch) -> None:
     """The lr that lowers the *validation* collapsed rate most trains every reward; held-out rows never choose."""
     import lit_lowrank.benchmarks.stable_rank_lists as bench
