@@ -1,14 +1,20 @@
 """SpecBlock benchmark: lossless speculative decoding of SmolLM2-135M-Instruct on a CPU, against the peers a user
 would pick instead.
 
-**Target.** SmolLM2-135M-Instruct (fp32, ``load_smollm2``), greedy, 2 intra-op threads. Prompts: Lee-news
+**Target.** SmolLM2-135M-Instruct (fp32, ``load_smollm2``), greedy, 2 intra-op threads, every linear of the
+target and of the drafters prepacked for oneDNN (:func:`~lit_lowrank.decoding.packed_linear.prepack_linears`) for
+every method alike, ``generate`` included: on this CPU MKL's default kernels make one row stream the weights at
+half speed and 2-3 rows cost 1.5-2 rows' worth, a kernel artefact that would otherwise decide the verify cost.
+Prompts: Lee-news
 instructions in the chat template (:func:`~lit_lowrank.decoding.distill_data.instruction_prompts`; the
 ``test`` documents for the claims, the ``val`` documents for every tuning choice, the ``train`` documents
 for the drafters), answers cut at EOS or ``max_new`` tokens.
 
 **Methods** (every one on every test prompt, in an order rotated per prompt, ``generate`` included):
 
-- ``generate`` — transformers greedy ``generate`` with its KV cache: the reference of every speed-up;
+- ``generate`` — transformers greedy ``generate`` with its KV cache (prepacked linears): the reference of every
+  speed-up;
+- ``generate_mkl`` — the same on PyTorch's default (MKL) linear kernels: what prepacking alone gives;
 - ``prompt_lookup`` — transformers prompt-lookup decoding (``prompt_lookup_num_tokens`` from ``{3, 10}``,
   10 is the documented default, chosen on validation);
 - ``ngram`` — prompt lookup inside our engine (:class:`~lit_lowrank.decoding.NgramDrafter`: every match's
@@ -69,9 +75,12 @@ def _drafter_factories(full: bool) -> tuple[dict[str, Callable[..., Any]], dict[
     """Builders of the trained drafters' decoders (by configuration), and their training info."""
     from lit_lowrank.benchmarks.specblock.drafters import trained_drafter
     from lit_lowrank.decoding import EagleDrafter, MedusaDrafter, SpecBlockDrafter
+    from lit_lowrank.decoding.packed_linear import prepack_linears
 
     names = ("specblock", "eagle", "medusa") if full else ("specblock", "eagle")
     nets = {name: trained_drafter(name) for name in names}
+    for net, _ in nets.values():
+        prepack_linears(net)
     out: dict[str, Callable[..., Any]] = {
         "specblock": lambda blocks: SpecBlockDrafter(nets["specblock"][0], blocks=blocks, expand=4),
         "eagle": lambda depth: EagleDrafter(nets["eagle"][0], depth=depth, topk=4),
@@ -84,6 +93,7 @@ def _drafter_factories(full: bool) -> tuple[dict[str, Callable[..., Any]], dict[
 def run(quick: bool, seed: int) -> BenchmarkResult:
     from lit_lowrank.decoding import HybridDrafter, NgramDrafter, TargetLM, fit_verify_cost
     from lit_lowrank.decoding.distill_data import chat_prompt_ids, instruction_prompts
+    from lit_lowrank.decoding.packed_linear import default_linears, prepack_linears
     from lit_lowrank.decoding.reference_drafters import OracleDrafter, RandomDrafter
     from lit_lowrank.models.pretrained import load_smollm2
 
@@ -95,6 +105,7 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
         t_start = time.perf_counter()
         model, tokenizer = load_smollm2()
         model.generation_config.pad_token_id = tokenizer.pad_token_id
+        packed = prepack_linears(model)
         target = TargetLM(model)
         eos, pad = int(tokenizer.eos_token_id), int(tokenizer.pad_token_id)
 
@@ -104,10 +115,16 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
         test, val = prompts("test", cfg["test_prompts"]), prompts("val", cfg["val_prompts"])
         factories, train_info = _drafter_factories(cfg["full"])
         cost = fit_verify_cost(target, val[0])
+        with default_linears(model):
+            cost_mkl = fit_verify_cost(target, val[0])
         load_seconds = time.perf_counter() - t_start
 
         def gen(**kw: Any) -> Callable[[torch.Tensor, int], dict[str, Any]]:
             return lambda p, n: hf_generate(model, p, n, eos, pad, **kw)
+
+        def gen_mkl(p: torch.Tensor, n: int) -> dict[str, Any]:
+            with default_linears(model):
+                return hf_generate(model, p, n, eos, pad)
 
         def eng(drafter: Any, budget: int) -> Callable[[torch.Tensor, int], dict[str, Any]]:
             return lambda p, n: engine_decode(target, drafter, p, n, eos, budget)
@@ -127,7 +144,8 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
             candidates["assisted_early_exit"] = {str(k): gen(assistant_early_exit=k) for k in EARLY_EXIT_GRID}
             candidates["medusa"] = {str(b): eng(factories["medusa"](None), b) for b in (4, 8, 16)}
         fixed: dict[str, Callable[[torch.Tensor, int], dict[str, Any]]] = {
-            "generate": gen(), "ngram": eng(HybridDrafter(None, NgramDrafter(), cost=cost), HYBRID_BUDGET)}
+            "generate": gen(), "generate_mkl": gen_mkl,
+            "ngram": eng(HybridDrafter(None, NgramDrafter(), cost=cost), HYBRID_BUDGET)}
         if cfg["full"]:
             fixed["plain"] = eng(None, 1)
 
@@ -169,12 +187,16 @@ def run(quick: bool, seed: int) -> BenchmarkResult:
     claims, controls, premises, competitors = _claims(rows)
     notes = {
         "target": "SmolLM2-135M-Instruct (fp32), greedy, 2 threads",
+        "kernels": f"{packed} target linears and every drafter's prepacked for oneDNN (prepack_linears), all methods "
+                   "alike; generate_mkl = generate on PyTorch's default MKL kernels",
         "prompts": f"{len(test)} Lee-news test instructions (chat template), {cfg['max_new']} new tokens at most; "
                    f"tuning on {len(val)} val instructions ({cfg['val_max_new']} tokens)",
         "measure": "decode tokens/s after the first output token (prefill excluded), per prompt",
         "verify_cost": {"base": round(cost.base, 3), "slope": round(cost.slope, 4),
                         "step_ms": round(1e3 * cost.step_seconds, 2), "measured_steps": cost.measured,
                         "model": "v(n) = 1 step with no draft node, base + slope * n with n >= 1 (fitted here)"},
+        "verify_cost_mkl": {"base": round(cost_mkl.base, 3), "slope": round(cost_mkl.slope, 4),
+                            "step_ms": round(1e3 * cost_mkl.step_seconds, 2), "measured_steps": cost_mkl.measured},
         "chosen": chosen, "sweep": sweep,
         "grids": {k: [g[0] for g in v] for k, v in grids.items()},
         "drafter_training": {k: {kk: (round(vv, 4) if isinstance(vv, float) else vv) for kk, vv in v.items()}
