@@ -22,8 +22,9 @@ oneDNN tensors around every linear (~50 us each, ~10 ms per SmolLM2 step).
 Both sides of a speed comparison should run on the same kernels: prepack the model once and
 give it to ``generate`` and the speculative engine alike (the ``specblock`` benchmark does).
 The dense ``weight`` parameter stays in place (``state_dict``, tied embeddings, drafters that
-read the target's head rows are unchanged); the packed copy is an attribute, outside the
-``state_dict``, repacked when the weight changes (its version counter or storage moves). With
+read the target's head rows are unchanged); the packed copy lives outside the module (a weak
+map), so the model deep-copies and pickles as before (a copy packs its own on first use), and
+it is repacked when the weight changes (its version counter or storage moves). With
 gradients enabled and a weight or input that requires them, the forward is the ordinary
 ``F.linear`` (training is untouched). Outputs equal ``F.linear``'s up to float32 rounding.
 
@@ -43,6 +44,7 @@ gradients enabled and a weight or input that requires them, the forward is the o
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
 
 import torch
@@ -51,8 +53,10 @@ from torch import Tensor, nn
 
 __all__ = ["default_linears", "packed_linear_count", "prepack_linears", "unpack_linears"]
 
-_STATE = "_lit_packed"  # (packed weight, weight version, weight data_ptr)
 _ENABLED = "_lit_packed_enabled"
+# linear -> (packed weight, weight version, weight data_ptr); kept outside the module because oneDNN's opaque
+# tensors cannot be deep-copied or pickled: a copy of a packed model packs its own weights on first use
+_PACKED: weakref.WeakKeyDictionary[nn.Linear, tuple[Tensor, int, int]] = weakref.WeakKeyDictionary()
 
 
 def _available() -> bool:
@@ -67,17 +71,31 @@ def _pack(weight: Tensor) -> tuple[Tensor, int, int]:
 
 def _packed_forward(self: nn.Linear, x: Tensor) -> Tensor:
     w = self.weight
-    if (not getattr(self, _ENABLED, True) or x.device.type != "cpu" or x.dtype != w.dtype or x.numel() == 0
+    if (not getattr(self, _ENABLED, True) or x.device.type != "cpu" or w.device.type != "cpu" or x.dtype != w.dtype
+            or x.numel() == 0
             or (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))):
         return F.linear(x, w, self.bias)
-    packed, version, ptr = getattr(self, _STATE)
-    if w._version != version or w.data_ptr() != ptr or w.device.type != "cpu":
-        if w.device.type != "cpu" or w.dtype != torch.float32:
+    state = _PACKED.get(self)
+    if state is None or w._version != state[1] or w.data_ptr() != state[2]:
+        if w.dtype != torch.float32:
             return F.linear(x, w, self.bias)
-        packed, version, ptr = _pack(w)
-        object.__setattr__(self, _STATE, (packed, version, ptr))
+        state = _PACKED[self] = _pack(w)
+    packed = state[0]
     bias = None if self.bias is None else self.bias.detach()
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+class _PackedForward:
+    """A prepacked linear's ``forward`` (an object holding its module, not a bound method: it deep-copies and
+    pickles with the module)."""
+
+    __slots__ = ("linear",)
+
+    def __init__(self, linear: nn.Linear) -> None:
+        self.linear = linear
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return _packed_forward(self.linear, x)
 
 
 def prepack_linears(model: nn.Module) -> int:
@@ -100,39 +118,42 @@ def prepack_linears(model: nn.Module) -> int:
             raise ValueError(f"prepack_linears: linear {name!r} has a {m.weight.dtype} weight on "
                              f"{m.weight.device}; expected float32 on the CPU (a GPU needs no prepacking).")
     for _, m in linears:
-        if getattr(m, _STATE, None) is None:
-            object.__setattr__(m, _STATE, _pack(m.weight))
-            m.forward = _packed_forward.__get__(m, nn.Linear)  # instance attribute: the class stays nn.Linear
-        object.__setattr__(m, _ENABLED, True)
+        if not _is_packed(m):
+            _PACKED[m] = _pack(m.weight)
+            m.forward = _PackedForward(m)  # instance attribute: the class stays nn.Linear
+        m.__dict__[_ENABLED] = True
     return len(linears)
+
+
+def _is_packed(m: nn.Module) -> bool:
+    return isinstance(m, nn.Linear) and isinstance(m.__dict__.get("forward"), _PackedForward)
 
 
 def unpack_linears(model: nn.Module) -> int:
     """Undo :func:`prepack_linears`: drop the packed copies, restore ``nn.Linear.forward``; returns how many."""
     count = 0
     for m in model.modules():
-        if isinstance(m, nn.Linear) and getattr(m, _STATE, None) is not None:
-            object.__delattr__(m, _STATE)
-            if _ENABLED in m.__dict__:
-                object.__delattr__(m, _ENABLED)
-            m.__dict__.pop("forward", None)
+        if _is_packed(m):
+            _PACKED.pop(m, None)
+            m.__dict__.pop(_ENABLED, None)
+            m.__dict__.pop("forward")
             count += 1
     return count
 
 
 def packed_linear_count(model: nn.Module) -> int:
     """How many linears of ``model`` carry a packed weight (0: not prepacked)."""
-    return sum(1 for m in model.modules() if isinstance(m, nn.Linear) and getattr(m, _STATE, None) is not None)
+    return sum(1 for m in model.modules() if _is_packed(m))
 
 
 @contextlib.contextmanager
 def default_linears(model: nn.Module) -> Iterator[None]:
     """Run a prepacked ``model`` on PyTorch's default linear kernels inside the block (packed copies kept)."""
-    packed = [m for m in model.modules() if isinstance(m, nn.Linear) and getattr(m, _STATE, None) is not None]
+    packed = [m for m in model.modules() if _is_packed(m)]
     for m in packed:
-        object.__setattr__(m, _ENABLED, False)
+        m.__dict__[_ENABLED] = False
     try:
         yield
     finally:
         for m in packed:
-            object.__setattr__(m, _ENABLED, True)
+            m.__dict__[_ENABLED] = True

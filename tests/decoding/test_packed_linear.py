@@ -98,3 +98,26 @@ def test_prepack_leaves_subclasses_with_their_own_forward_alone():
     x = torch.randn(2, 4)
     with torch.no_grad():
         torch.testing.assert_close(model[1](x), 2 * F.linear(x, model[1].weight, model[1].bias))
+
+
+def test_a_packed_model_deep_copies_and_pickles_and_the_copy_packs_itself():
+    import copy
+    import io
+
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+    prepack_linears(model)
+    x = torch.randn(4, 6)
+    with torch.no_grad():
+        ref = model(x)
+        clone = copy.deepcopy(model)
+        assert packed_linear_count(clone) == 2 and clone[0].forward.linear is clone[0]
+        torch.testing.assert_close(clone(x), ref)
+        buf = io.BytesIO()
+        torch.save(model, buf)
+        buf.seek(0)
+        loaded = torch.load(buf, weights_only=False)
+        torch.testing.assert_close(loaded(x), ref)
+        clone[0].weight.add_(1.0)  # the copy's weights are its own: the original's output is unchanged
+        torch.testing.assert_close(model(x), ref)
+        assert not torch.allclose(clone(x), ref)
