@@ -34,6 +34,9 @@ def test_claims_verdicts_follow_the_rows():
     assert by["specblock_draft_time"]["verdict"] == "holds"  # 5 / 15 <= 0.55
     assert by["hybrid_speed"]["matched_by"] == []  # the n-gram half alone (1.4x) does not reach 1.5x
     assert controls[0]["verdict"] == "fails"  # random 0.6x
+    assert controls[0]["target"] == by["hybrid_speed"]["target"]  # held to the speed claim's own target
+    tie = dict(SPEED, random=20.5)  # a flat verify cost: random ties generate, and still must not reach 1.5x
+    assert _claims(_rows(tie))[1][0]["verdict"] == "fails"
     assert any(c["claim"].startswith("our plain_decode") for c in claims)
 
 

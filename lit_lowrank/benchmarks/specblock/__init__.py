@@ -27,7 +27,8 @@ for the drafters), answers cut at EOS or ``max_new`` tokens.
   ``b2``: two) instead of switching with the budget; EAGLE's depth is swept beside its budget (not tied to it);
 - ``oracle`` (premise) — an :class:`~lit_lowrank.decoding.reference_drafters.OracleDrafter` proposing the
   true greedy continuation as a 4-token chain: the engine's ceiling;
-- control ``random`` — a :class:`~lit_lowrank.decoding.reference_drafters.RandomDrafter` 4-token chain.
+- control ``random`` — a :class:`~lit_lowrank.decoding.reference_drafters.RandomDrafter` 4-token chain, held to
+  the speed claim's target (1.5x): with a flat verify cost it ties ``generate``, and must not reach 1.5x.
 - full run only: ``plain`` (our plain decoding), ``assisted_early_exit`` (transformers assisted generation
   with the target's first ``k`` layers) and ``medusa`` (Medusa-style heads). The update bandit has its own
   benchmark, :mod:`lit_lowrank.benchmarks.specblock_bandit` (a shifted stream, its premise and control).
@@ -288,9 +289,12 @@ def _claims(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], ...]:
     if "plain" in methods:
         claims.append(claim("our plain_decode runs >= 0.95x generate", paper="(engine design target, issue #25)",
                             quantity=q.format("plain"), target=0.95, op=">=", **vs("plain", "generate")))
-    controls = [claim("a random 4-token drafter decodes >= 1.0x generate (must not hold: nothing is accepted)",
-                      paper="(control) a drafter that knows nothing cannot beat plain decoding",
-                      quantity=q.format("random"), target=1.0, op=">=", **vs("random", "generate"))]
+    # the speed claim's own quantity and target: with prepacked kernels verifying a chain costs about one step, so
+    # a drafter that knows nothing ties generate (~1.0x) and must not reach the claim's 1.5x
+    controls = [claim("a random 4-token drafter decodes >= 1.5x generate (the speed claim's target; must not hold: "
+                      "nothing is accepted)",
+                      paper="(control) a drafter that knows nothing cannot reach the speed claim",
+                      quantity=q.format("random"), target=1.5, op=">=", **vs("random", "generate"))]
     return claims, controls, premises, competitors
 
 
